@@ -1,0 +1,123 @@
+"""The plugin's patches on SGLang, one module per patched upstream module.
+
+Ledger — every patched symbol, why, how, and when the patch can go.
+
+patch_overrides: ``sglang.srt.arg_groups.overrides.collect_model_override_declarations`` (around)
+    Why: SGLang's MOSS-VL override (``_moss_vl_overrides``) asserts a flashinfer
+        prefill backend, so a MOSS-VL server on ``device="npu"`` cannot start.
+    How: for MOSS-VL on npu, collect the declarations without that provider and
+        declare the ascend attention backend and ``disable_radix_cache=True``
+        (paged KV keeps finished requests' vision pages: non-deterministic T=0
+        decoding upstream). CUDA is untouched: flashinfer prefill as upstream.
+        The provider sits in a registry list, so hooking it by name would not
+        reach the list; the collector is the narrowest symbol that does.
+    Removal: when upstream's MOSS-VL override accepts the ascend backend on npu.
+
+patch_ascend_torch_native_backend:
+``...npu.attention.ascend_torch_native_backend.AscendTorchNativeAttnBackend.run_sdpa_forward_extend`` (around)
+    Why: upstream takes no cross-attention mask (every text row sees every frame),
+        pads the cross-attention query to the whole text (so a mask would be read
+        at the wrong rows), and gives self-attention with a cached text prefix the
+        KV window ``[encoder_len, encoder_len + extend_seq_len)`` instead of
+        ``[encoder_len, encoder_len + seq_len)``.
+    How: when ``encoder_lens`` is given, this body runs instead: cross-attention
+        takes ``cross_attention_custom_mask`` (the packed FlashInfer mask), checks
+        its size, attends with the unpadded new rows on the staircase (grouped
+        runs, no q x kv mask) or densely for a general mask; rows that see nothing
+        give 0. Self-attention uses the full text window with a causal offset.
+        Without ``encoder_lens`` the upstream body runs unchanged.
+    Removal: when upstream's native backend takes the mask and fixes the window.
+
+patch_ascend_backend: ``...npu.attention.ascend_backend.AscendAttnBackend.forward_extend`` (around)
+    Why: it calls the native backend without the mask.
+    How: for cross-attention layers, hands ``forward_batch.cross_attention_custom_mask``
+        to the native call through a context variable; refuses, with a clear
+        error, paths that cannot take a mask (MLA, sinks, SWA over FIA, sparse,
+        speculative); counts a mask that was built but not consumed as
+        ``path="dropped"``.
+    Removal: with the native-backend patch.
+
+patch_moss_vl: ``sglang.srt.models.moss_vl.MossVLForConditionalGeneration``
+``._build_cross_attention_custom_mask`` and ``._insert_separator_tokens`` (replace)
+    Why: upstream loops in Python per request and per frame (one launch per frame).
+    How: same bytes / same tensor, built from the staircase (moss_vl.masks) with
+        no loop over frames or rows; records mask metrics.
+    Removal: when upstream vectorises them.
+
+patch_schedule_batch:
+``sglang.srt.managers.schedule_batch.Req.init_next_round_input`` (after)
+    Why: under paged KV (page_size > 1) a radix match can end inside the encoder
+        span (0 < prefix < num_image_tokens), and ``prepare_encoder_info_extend``
+        then asserts (the encoder must be cached whole).
+    How: such a match is dropped by matching again with ``max_prefix_len=0``
+        through upstream's own ``match_kv_cache``; counted.
+    Removal: when upstream aligns prefix matches to the encoder span.
+``sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_encoder_info_extend`` (after)
+    Why: observability only: encoder-cache hits/misses and reused/computed tokens.
+    Removal: when SGLang exports these itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+logger = logging.getLogger("moss_vl")
+
+# One module per patched upstream module; each exports TARGETS.
+HOOK_MODULES = (
+    "moss_vl.hooks.patch_overrides",
+    "moss_vl.hooks.patch_ascend_torch_native_backend",
+    "moss_vl.hooks.patch_ascend_backend",
+    "moss_vl.hooks.patch_moss_vl",
+    "moss_vl.hooks.patch_schedule_batch",
+)
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One patch: what it targets, how, for which SGLang versions, and what it needs.
+
+    ``signature`` is the parameter list the hook was written against; the
+    compatibility tests compare it with the installed upstream symbol.
+    ``requires`` names modules that must be importable for the target to
+    resolve (e.g. ``torch_npu`` for the Ascend backend), so the hook is left
+    out, quietly, on machines without them.
+    """
+
+    name: str
+    target: str
+    kind: str  # "before" | "after" | "around" | "replace" (sglang HookType values)
+    func: Callable
+    sglang_versions: tuple[str, ...]
+    signature: tuple[str, ...]
+    requires: tuple[str, ...] = field(default_factory=tuple)
+
+
+def sglang_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return None
+
+
+def all_hooks() -> list[Hook]:
+    hooks: list[Hook] = []
+    for module_name in HOOK_MODULES:
+        hooks.extend(importlib.import_module(module_name).TARGETS)
+    return hooks
+
+
+def missing_requirements(hook: Hook) -> list[str]:
+    return [m for m in hook.requires if importlib.util.find_spec(m) is None]
+
+
+def parameter_names(func: Callable) -> tuple[str, ...]:
+    func = inspect.unwrap(func)
+    return tuple(inspect.signature(func).parameters)

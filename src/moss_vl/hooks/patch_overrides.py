@@ -1,0 +1,83 @@
+"""Patch on ``sglang.srt.arg_groups.overrides.collect_model_override_declarations`` (see the ledger)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from moss_vl.hooks import Hook
+
+logger = logging.getLogger("moss_vl")
+
+SGLANG_VERSIONS = ("0.5.23",)
+TARGET = "sglang.srt.arg_groups.overrides.collect_model_override_declarations"
+MOSS_VL_ARCH = "MossVLForConditionalGeneration"
+SOURCE = "moss_vl.hooks.patch_overrides.ascend_declaration"
+
+# The upstream provider that asserts flashinfer prefill for MOSS-VL.
+UPSTREAM_PROVIDER = "_moss_vl_overrides"
+
+
+def ascend_declaration(server_args: Any) -> dict:
+    """What a MOSS-VL server on npu needs, as a model-override declaration.
+
+    The ascend backend applies the cross-attention mask once this plugin's
+    native-backend patch is in; any other prefill backend on npu would not.
+    Radix cache off: with paged KV (page 128) it keeps finished requests'
+    vision pages and makes T=0 decoding non-deterministic.
+    """
+    from sglang.srt.arg_groups.model_override_base import (
+        attention_backends_of,
+        is_attention_backend_not_set,
+        resolved_view,
+        resolving_view,
+    )
+
+    declared: dict = {}
+    if is_attention_backend_not_set(resolving_view(server_args)):
+        declared["attention_backend"] = "ascend"
+    else:
+        prefill, _decode = attention_backends_of(resolved_view(server_args))
+        if prefill != "ascend":
+            raise ValueError(
+                f"MOSS-VL on npu needs the ascend prefill attention backend to apply its "
+                f"frame-level cross-attention mask, got prefill attention backend {prefill!r}"
+            )
+    declared["disable_radix_cache"] = True
+    logger.info("moss_vl: MOSS-VL on npu: ascend attention backend, radix cache disabled")
+    return declared
+
+
+def collect_model_override_declarations(original, architecture, server_args, hf_config):
+    from sglang.srt.arg_groups import model_override_base as base
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    if architecture != MOSS_VL_ARCH or resolving_view(server_args).device != "npu":
+        return original(architecture, server_args, hf_config)
+
+    providers = base._MODEL_OVERRIDE_FNS.get(architecture)
+    if providers is not None:
+        # Collect with upstream's flashinfer-only provider left out, then put
+        # the registry back as it was: it is shared, process-wide state.
+        base._MODEL_OVERRIDE_FNS[architecture] = [
+            fn for fn in providers if getattr(fn, "__name__", "") != UPSTREAM_PROVIDER
+        ]
+    try:
+        declarations = original(architecture, server_args, hf_config)
+    finally:
+        if providers is not None:
+            base._MODEL_OVERRIDE_FNS[architecture] = providers
+    declarations.append((SOURCE, ascend_declaration(server_args)))
+    return declarations
+
+
+TARGETS = [
+    Hook(
+        name="overrides.collect_model_override_declarations",
+        target=TARGET,
+        kind="around",
+        func=collect_model_override_declarations,
+        sglang_versions=SGLANG_VERSIONS,
+        signature=("architecture", "server_args", "hf_config"),
+    ),
+]

@@ -1,0 +1,75 @@
+"""Patches on ``sglang.srt.managers.schedule_batch`` (see the ledger)."""
+
+from __future__ import annotations
+
+from moss_vl import metrics
+from moss_vl.hooks import Hook
+
+SGLANG_VERSIONS = ("0.5.23",)
+_MODULE = "sglang.srt.managers.schedule_batch"
+
+
+def encoder_span_cut(req) -> bool:
+    """Whether the request's matched prefix ends inside its encoder span."""
+    mm = req.multimodal_inputs
+    num_image_tokens = getattr(mm, "num_image_tokens", None) if mm is not None else None
+    return bool(num_image_tokens) and 0 < req.prefix_len < num_image_tokens
+
+
+def drop_partial_encoder_prefix(result, req, tree_cache=None, cow_mamba=None):
+    """After ``Req.init_next_round_input``: a match cut inside the encoder becomes no match.
+
+    The encoder KV must be cached whole (``prepare_encoder_info_extend``
+    asserts ``prefix_len == 0`` otherwise); page-aligned matches under paged
+    KV, or an eviction that split the encoder's nodes, can cut it. Matching
+    again with ``max_prefix_len=0`` through upstream's ``match_kv_cache``
+    resets every field the match set (prefix, nodes, host hits) consistently.
+    """
+    if tree_cache is None or not encoder_span_cut(req):
+        return
+    from sglang.srt.mem_cache.common import match_kv_cache
+
+    if cow_mamba is None:
+        cow_mamba = tree_cache.supports_mamba()
+    match_kv_cache(req, tree_cache, req.full_untruncated_fill_ids, cow_mamba=cow_mamba, max_prefix_len=0)
+    metrics.count_prefix_match_dropped()
+    return
+
+
+def count_encoder_cache(result, batch, input_ids, seq_lens):
+    """After ``ScheduleBatch.prepare_encoder_info_extend``: encoder-cache hits and tokens."""
+    if batch.forward_mode.is_decode():
+        return
+    hits = misses = reused = computed = 0
+    for encoder_len, cached in zip(batch.encoder_lens_cpu, batch.encoder_cached):
+        if not encoder_len:
+            continue
+        if cached:
+            hits += 1
+            reused += encoder_len
+        else:
+            misses += 1
+            computed += encoder_len
+    if hits or misses:
+        metrics.count_encoder_cache(hits, misses, reused, computed)
+    return
+
+
+TARGETS = [
+    Hook(
+        name="schedule_batch.drop_partial_encoder_prefix",
+        target=f"{_MODULE}.Req.init_next_round_input",
+        kind="after",
+        func=drop_partial_encoder_prefix,
+        sglang_versions=SGLANG_VERSIONS,
+        signature=("self", "tree_cache", "cow_mamba"),
+    ),
+    Hook(
+        name="schedule_batch.count_encoder_cache",
+        target=f"{_MODULE}.ScheduleBatch.prepare_encoder_info_extend",
+        kind="after",
+        func=count_encoder_cache,
+        sglang_versions=SGLANG_VERSIONS,
+        signature=("self", "input_ids", "seq_lens"),
+    ),
+]

@@ -1,0 +1,160 @@
+"""``moss_vl:*`` Prometheus metrics, exported on SGLang's own ``/metrics``.
+
+SGLang serves metrics from several processes through
+``PROMETHEUS_MULTIPROC_DIR``; prometheus_client decides at import time whether
+values go to that directory. So nothing here imports prometheus_client or
+creates a metric until the first observation, which happens in SGLang's
+scheduler/worker processes after SGLang set the variable. Only counters and
+histograms are used: both aggregate across processes without a gauge mode.
+This module never starts an HTTP server.
+
+Recording must never break serving: a failure is logged once and ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+logger = logging.getLogger("moss_vl")
+
+# Mask sizes span tiny image chats to video batches (10^2 .. 10^9 elements);
+# build times from tens of microseconds to tens of milliseconds.
+MASK_BUILD_SECONDS_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+)
+VISIBLE_RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+# (path, plan) pairs that exist; all are created at 0 so alerts have a series.
+MASK_PATHS = (
+    ("flashinfer", "mask"),
+    ("flashinfer", "staircase"),
+    ("ascend_native", "staircase"),
+    ("ascend_native", "dense"),
+    ("dropped", "mask"),
+)
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Histogram
+
+        self.mask_build_seconds = Histogram(
+            "moss_vl:mask_build_seconds",
+            "Host time to build the packed cross-attention mask of a prefill batch.",
+            buckets=MASK_BUILD_SECONDS_BUCKETS,
+        )
+        self.mask_bytes = Counter(
+            "moss_vl:mask_bytes", "Bytes of packed cross-attention masks built."
+        )
+        self.mask_elements = Counter(
+            "moss_vl:mask_elements", "Elements (text row x encoder token) of masks built."
+        )
+        self.mask_visible_elements = Counter(
+            "moss_vl:mask_visible_elements", "Mask elements that are visible (1)."
+        )
+        self.mask_visible_ratio = Histogram(
+            "moss_vl:mask_visible_ratio",
+            "Visible share of each mask built (1.0 = every row sees every frame).",
+            buckets=VISIBLE_RATIO_BUCKETS,
+        )
+        self.rows_without_vision = Counter(
+            "moss_vl:rows_without_vision",
+            "New text rows of vision requests that see no frame (cross-attention output 0).",
+        )
+        self.mask_path = Counter(
+            "moss_vl:cross_attention_mask_path",
+            "Cross-attention layer calls with a mask, by backend path and plan. "
+            'path="dropped": a mask was built but the backend did not apply it.',
+            ["path", "plan"],
+        )
+        for path, plan in MASK_PATHS:
+            self.mask_path.labels(path=path, plan=plan)
+        self.encoder_cache_hits = Counter(
+            "moss_vl:encoder_cache_hits",
+            "Prefill requests whose encoder (vision) KV was already cached.",
+        )
+        self.encoder_cache_misses = Counter(
+            "moss_vl:encoder_cache_misses",
+            "Prefill requests whose encoder (vision) KV had to be computed.",
+        )
+        self.encoder_tokens_reused = Counter(
+            "moss_vl:encoder_tokens_reused", "Encoder tokens served from the KV cache."
+        )
+        self.encoder_tokens_computed = Counter(
+            "moss_vl:encoder_tokens_computed", "Encoder tokens computed by the vision tower."
+        )
+        self.prefix_matches_dropped = Counter(
+            "moss_vl:prefix_matches_dropped",
+            "Prefix-cache matches dropped because they ended inside the encoder span.",
+        )
+
+
+_metrics: _Metrics | None = None
+_lock = threading.Lock()
+_failed = False
+
+
+def get() -> _Metrics | None:
+    """The metrics, created on first use; None if they cannot be created."""
+    global _metrics, _failed
+    if _metrics is not None or _failed:
+        return _metrics
+    with _lock:
+        if _metrics is None and not _failed:
+            try:
+                _metrics = _Metrics()
+            except Exception:  # never let metrics break serving
+                _failed = True
+                logger.exception("moss_vl: metrics unavailable")
+    return _metrics
+
+
+def _record(fn) -> None:
+    m = get()
+    if m is None:
+        return
+    try:
+        fn(m)
+    except Exception:
+        logger.debug("moss_vl: failed to record a metric", exc_info=True)
+
+
+def observe_mask(
+    seconds: float, num_bytes: int, elements: int, visible: int, rows_without_vision: int
+) -> None:
+    def fn(m: _Metrics) -> None:
+        m.mask_build_seconds.observe(seconds)
+        m.mask_bytes.inc(num_bytes)
+        m.mask_elements.inc(elements)
+        m.mask_visible_elements.inc(visible)
+        if elements:
+            m.mask_visible_ratio.observe(visible / elements)
+        if rows_without_vision:
+            m.rows_without_vision.inc(rows_without_vision)
+
+    _record(fn)
+
+
+def count_mask_path(path: str, plan: str) -> None:
+    if (path, plan) not in MASK_PATHS:
+        raise ValueError(f"unknown mask path {path!r}/{plan!r}; known: {MASK_PATHS}")
+    _record(lambda m: m.mask_path.labels(path=path, plan=plan).inc())
+
+
+def count_encoder_cache(hits: int, misses: int, tokens_reused: int, tokens_computed: int) -> None:
+    def fn(m: _Metrics) -> None:
+        if hits:
+            m.encoder_cache_hits.inc(hits)
+        if misses:
+            m.encoder_cache_misses.inc(misses)
+        if tokens_reused:
+            m.encoder_tokens_reused.inc(tokens_reused)
+        if tokens_computed:
+            m.encoder_tokens_computed.inc(tokens_computed)
+
+    _record(fn)
+
+
+def count_prefix_match_dropped() -> None:
+    _record(lambda m: m.prefix_matches_dropped.inc())

@@ -1,0 +1,74 @@
+"""The SGLang general plugin: ``register()`` is the entry point SGLang calls.
+
+SGLang's ``load_plugins()`` runs in every one of its processes (server,
+scheduler, detokenizer, TP workers), so registration is idempotent, cheap, and
+touches no hardware: it only tells ``HookRegistry`` which patches to apply.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from moss_vl import __version__
+from moss_vl.hooks import Hook, all_hooks, missing_requirements, sglang_version
+
+logger = logging.getLogger("moss_vl")
+
+_registered = False
+
+
+def select_hooks(version: str | None, disabled: set[str]) -> tuple[list[Hook], list[str]]:
+    """The hooks to register for this SGLang version, and why others were left out."""
+    chosen: list[Hook] = []
+    skipped: list[str] = []
+    for hook in all_hooks():
+        if version not in hook.sglang_versions:
+            skipped.append(f"{hook.name} (SGLang {version} not in {', '.join(hook.sglang_versions)})")
+        elif hook.name in disabled:
+            skipped.append(f"{hook.name} (MOSS_VL_DISABLE_HOOKS)")
+        elif missing := missing_requirements(hook):
+            skipped.append(f"{hook.name} (needs {', '.join(missing)})")
+        else:
+            chosen.append(hook)
+    return chosen, skipped
+
+
+def supported_sglang_versions() -> list[str]:
+    return sorted({v for hook in all_hooks() for v in hook.sglang_versions})
+
+
+def register() -> None:
+    """Register moss-vl's hooks with SGLang's HookRegistry (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+
+    from moss_vl import environ
+
+    version = sglang_version()
+    supported = supported_sglang_versions()
+    if version not in supported:
+        logger.warning(
+            "moss_vl %s: SGLang %s is not supported (supported: %s); no hooks registered, "
+            "SGLang runs unpatched",
+            __version__,
+            version,
+            ", ".join(supported),
+        )
+        return
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    disabled = {n.strip() for n in environ.MOSS_VL_DISABLE_HOOKS.get().split(",") if n.strip()}
+    chosen, skipped = select_hooks(version, disabled)
+    for hook in chosen:
+        HookRegistry.register(hook.target, hook.func, HookType(hook.kind))
+    logger.info(
+        "moss_vl %s: registered %d hooks for SGLang %s: %s%s",
+        __version__,
+        len(chosen),
+        version,
+        ", ".join(h.name for h in chosen),
+        f"; left out: {'; '.join(skipped)}" if skipped else "",
+    )

@@ -1,0 +1,47 @@
+"""Stand-ins for the NPU-only packages ``torch_npu`` and ``sgl_kernel_npu``.
+
+SGLang's ``ascend_backend`` imports them at module level, so on a CPU machine
+the real module only imports with these in ``sys.modules``. Nothing in them is
+called on the code paths the tests run (the torch-native cross-attention
+path); they are removed again right after the import, so nothing else in the
+test session believes an NPU is present.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import sys
+import types
+
+_STUBS = {
+    "torch_npu": {},
+    "sgl_kernel_npu": {},
+    "sgl_kernel_npu.attention": {},
+    "sgl_kernel_npu.attention.sinks_attention": {
+        "attention_sinks_prefill_triton": None,
+        "attention_sinks_triton": None,
+    },
+}
+
+ASCEND_BACKEND = "sglang.srt.hardware_backend.npu.attention.ascend_backend"
+
+
+def import_ascend_backend():
+    """Import SGLang's real ascend_backend module on a machine without an NPU."""
+    if ASCEND_BACKEND in sys.modules:
+        return sys.modules[ASCEND_BACKEND]
+    added = []
+    for name, attrs in _STUBS.items():
+        if name in sys.modules:
+            continue
+        module = types.ModuleType(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        module.__dict__.update(attrs)
+        sys.modules[name] = module
+        added.append(name)
+    try:
+        return importlib.import_module(ASCEND_BACKEND)
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
