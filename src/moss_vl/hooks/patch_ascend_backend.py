@@ -41,6 +41,8 @@ def unmaskable_path(backend, layer, forward_batch, topk_indices, sinks) -> str |
     is_swa = getattr(backend, "_is_swa_layer", None)
     if is_swa is not None and is_swa(layer) and getattr(backend, "use_fia", False):
         return "sliding-window FIA kernel"
+    if getattr(backend, "use_fa", False):
+        return "FlashAttention-NPU kernel (ASCEND_USE_FA=true)"
     return None
 
 

@@ -31,7 +31,13 @@ def drop_partial_encoder_prefix(result, req, tree_cache=None, cow_mamba=None):
 
     if cow_mamba is None:
         cow_mamba = tree_cache.supports_mamba()
-    match_kv_cache(req, tree_cache, req.full_untruncated_fill_ids, cow_mamba=cow_mamba, max_prefix_len=0)
+    match = match_kv_cache(
+        req, tree_cache, req.full_untruncated_fill_ids, cow_mamba=cow_mamba, max_prefix_len=0
+    )
+    # The rest of what init_next_round_input derives from a match, as upstream does it.
+    req.mamba_branching_seqlen = match.mamba_branching_seqlen
+    if match.cache_protected_len is None:
+        req.kv.cache_protected_len = req.prefix_len
     metrics.count_prefix_match_dropped()
     return
 

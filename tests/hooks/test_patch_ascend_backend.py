@@ -1,0 +1,156 @@
+"""The hooked ``AscendAttnBackend.forward_extend``: the mask reaches the native path.
+
+Contract: SGLang's real ``forward_extend`` (imported with the NPU-only packages
+stood in, tests/npu_stubs.py) runs MOSS-VL cross-attention through the hooked
+native backend with ``forward_batch.cross_attention_custom_mask`` applied —
+output equal to the independent reference, path counted as ascend_native; a
+mask nobody applied is counted as ``dropped``; fused NPU paths that cannot
+take a mask are refused with an error that names them.
+
+Stand-ins: the KV pool (an NPU device-memory pool) is a two-method object over
+the test's cache tensors; the backend object is built without its NPU
+__init__ and given the attributes the cross-attention branch reads.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from attention_cases import make_case
+from moss_vl import metrics
+from moss_vl.hooks import patch_ascend_backend
+from npu_stubs import import_ascend_backend
+from sglang_batches import BatchSpec, RequestSpec, forward_batch_of
+
+
+@pytest.fixture(scope="module")
+def upstream_forward_extend(plugin_loaded):
+    module = import_ascend_backend()
+    # Registered only where torch_npu exists; here the hook is called by hand
+    # around the real (unhooked) method.
+    return module.AscendAttnBackend, module.AscendAttnBackend.forward_extend
+
+
+def make_backend(cls, case):
+    from sglang.srt.hardware_backend.npu.attention.ascend_torch_native_backend import (
+        AscendTorchNativeAttnBackend,
+    )
+
+    backend = object.__new__(cls)
+    backend.__dict__.update(
+        use_mla=False, is_dllm_model=False, attn_cp_size=1, is_hybrid_swa=False,
+        use_fia=False, use_fa=False, use_alibi=False, native_attn=AscendTorchNativeAttnBackend(),
+        req_to_token_pool=SimpleNamespace(req_to_token=case.req_to_token),
+        token_to_kv_pool=SimpleNamespace(
+            get_key_buffer=lambda layer_id: case.k_cache,
+            get_value_buffer=lambda layer_id: case.v_cache,
+        ),
+        forward_metadata=SimpleNamespace(swa_out_cache_loc=None),
+        full_to_swa_index_mapping=None,
+    )
+    return backend
+
+
+def a_case():
+    spec = BatchSpec([
+        RequestSpec(grid_thw=[(3, 4, 4)], text_len=7, extend_prefix_len=2,
+                    visible_frame_counts=torch.tensor([0, 1, 1, 1, 2, 2, 3]), encoder_len=15),
+        RequestSpec(grid_thw=[(2, 2, 2)], text_len=4, extend_prefix_len=0,
+                    visible_frame_counts=torch.tensor([0, 0, 1, 2]), encoder_len=4),
+    ])
+    case = make_case(spec, heads=(8, 2), seed=3)
+    fb = forward_batch_of(spec)
+    fb.req_pool_indices = case.req_pool_indices
+    fb.cross_attention_custom_mask = case.mask
+    return case, fb
+
+
+def cross_layer(case):
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    h, d = case.query.shape[1], case.query.shape[2]
+    return RadixAttention(num_heads=h, head_dim=d, scaling=case.scale,
+                          num_kv_heads=case.k_cache.shape[1], layer_id=5, is_cross_attention=True)
+
+
+def path_count(path, plan):
+    return metrics.get().mask_path.labels(path=path, plan=plan)._value.get()
+
+
+def test_mask_reaches_the_native_path(upstream_forward_extend):
+    cls, original = upstream_forward_extend
+    case, fb = a_case()
+    before = path_count("ascend_native", "staircase"), path_count("dropped", "mask")
+    out = patch_ascend_backend.forward_extend(
+        original, make_backend(cls, case), case.query.reshape(case.query.shape[0], -1),
+        None, None, cross_layer(case), fb, save_kv_cache=False,
+    )
+    ref = case.reference_cross()
+    assert (out.view_as(case.query).double() - ref).abs().max() < 2e-5
+    assert path_count("ascend_native", "staircase") == before[0] + 1
+    assert path_count("dropped", "mask") == before[1]
+
+
+def test_unpatched_forward_extend_ignores_the_mask(upstream_forward_extend):
+    cls, original = upstream_forward_extend
+    case, fb = a_case()
+    out = original(make_backend(cls, case), case.query.reshape(case.query.shape[0], -1),
+                   None, None, cross_layer(case), fb, save_kv_cache=False)
+    assert (out.view_as(case.query).double() - case.reference_cross()).abs().max() > 1e-2
+
+
+def test_a_mask_nobody_applied_counts_as_dropped(upstream_forward_extend):
+    cls, _ = upstream_forward_extend
+    case, fb = a_case()
+    before = path_count("dropped", "mask")
+
+    def a_path_without_the_native_call(self, q, *args, **kwargs):
+        return torch.zeros_like(q)
+
+    patch_ascend_backend.forward_extend(
+        a_path_without_the_native_call, make_backend(cls, case), case.query.flatten(1),
+        None, None, cross_layer(case), fb,
+    )
+    assert path_count("dropped", "mask") == before + 1
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (dict(use_mla=True), "MLA attention"),
+        (dict(sinks=torch.zeros(8)), "attention-sinks kernel"),
+        (dict(use_fia=True, is_hybrid_swa=True, swa=True), "sliding-window FIA kernel"),
+        (dict(use_fa=True), r"FlashAttention-NPU kernel \(ASCEND_USE_FA=true\)"),
+    ],
+)
+def test_fused_paths_that_cannot_take_a_mask_are_refused(upstream_forward_extend, change, named):
+    cls, original = upstream_forward_extend
+    case, fb = a_case()
+    backend = make_backend(cls, case)
+    layer = cross_layer(case)
+    sinks = change.pop("sinks", None)
+    if change.pop("swa", False):
+        layer.sliding_window_size = 64
+    backend.__dict__.update(change)
+    with pytest.raises(NotImplementedError, match=named):
+        patch_ascend_backend.forward_extend(
+            original, backend, case.query.flatten(1), None, None, layer, fb, sinks=sinks
+        )
+
+
+def test_self_attention_layers_pass_straight_through(upstream_forward_extend):
+    cls, _ = upstream_forward_extend
+    case, fb = a_case()
+    seen = []
+
+    def original(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kw):
+        seen.append(kw)
+        return "upstream result"
+
+    layer = cross_layer(case)
+    layer.is_cross_attention = False
+    assert patch_ascend_backend.forward_extend(original, None, 1, 2, 3, layer, fb) == "upstream result"
+    assert seen == [{"q_rope": None, "k_rope": None, "topk_indices": None, "sinks": None, "slopes": None}]
