@@ -1,0 +1,297 @@
+"""`moss-vl`: serve, doctor, version.
+
+Imports stay lazy: `import moss_vl.cli` (and `moss-vl --help`) loads neither
+torch, sglang nor kubernetes; each subcommand imports what it needs when it runs.
+
+Exit codes: 0 ok; 1 the environment failed (no cluster, ...); 2 the request was
+refused before anything started (bad flag or variable, contradiction). Once
+`serve` execs SGLang, the exit code is SGLang's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+
+from moss_vl import __version__, environ
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_REFUSED = 2
+
+# moss-vl serve flag -> the variable that supplies its default.
+SERVE_ENV: dict[str, environ.EnvVar] = {
+    "device": environ.MOSS_VL_DEVICE,
+    "model_path": environ.MOSS_VL_MODEL_PATH,
+    "served_model_name": environ.MOSS_VL_SERVED_MODEL_NAME,
+    "host": environ.MOSS_VL_HOST,
+    "port": environ.MOSS_VL_PORT,
+    "tp": environ.MOSS_VL_TP,
+    "dtype": environ.MOSS_VL_DTYPE,
+    "mem_fraction_static": environ.MOSS_VL_MEM_FRACTION_STATIC,
+    "context_length": environ.MOSS_VL_CONTEXT_LENGTH,
+    "max_running_requests": environ.MOSS_VL_MAX_RUNNING_REQUESTS,
+    "cuda_graph_bs": environ.MOSS_VL_CUDA_GRAPH_BS,
+}
+
+
+class Refused(Exception):
+    """A request refused before anything started (exit 2)."""
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="moss-vl",
+        description="Serve MOSS-VL through SGLang on NVIDIA CUDA and Huawei Ascend.",
+    )
+    parser.add_argument("--version", action="version", version=f"moss-vl {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="build the SGLang command from the device preset and exec it",
+        description=(
+            "Build `python -m sglang.launch_server ...` from the device preset, merge the "
+            "SGLang arguments given after `--` (they win over the preset), validate, print "
+            "and exec it. Every flag defaults from its MOSS_VL_* variable."
+        ),
+        usage="moss-vl serve [options] [-- SGLANG_ARGS ...]",
+    )
+    serve.add_argument("--device", choices=("auto", "cuda", "npu"), help="MOSS_VL_DEVICE")
+    serve.add_argument("--model-path", help="local checkpoint or hub id; MOSS_VL_MODEL_PATH")
+    serve.add_argument("--served-model-name", help="MOSS_VL_SERVED_MODEL_NAME")
+    serve.add_argument("--host", help="MOSS_VL_HOST (default 0.0.0.0)")
+    serve.add_argument("--port", type=int, help="MOSS_VL_PORT (default 30000)")
+    serve.add_argument("--tp", type=int, help="tensor-parallel size; MOSS_VL_TP")
+    serve.add_argument("--dtype", help="MOSS_VL_DTYPE (default bfloat16)")
+    serve.add_argument("--mem-fraction-static", type=float, help="MOSS_VL_MEM_FRACTION_STATIC")
+    serve.add_argument("--context-length", type=int, help="MOSS_VL_CONTEXT_LENGTH")
+    serve.add_argument("--max-running-requests", type=int, help="MOSS_VL_MAX_RUNNING_REQUESTS")
+    serve.add_argument(
+        "--cuda-graph-bs", type=int, nargs="+", metavar="BS", help="MOSS_VL_CUDA_GRAPH_BS"
+    )
+    serve.add_argument("--dry-run", action="store_true", help="print, do not start")
+    serve.add_argument("--output", choices=("text", "json"), default="text")
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="check a Kubernetes cluster for accelerators, CRDs and recommend Helm values",
+    )
+    doctor.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, in-cluster)")
+    doctor.add_argument("--context", help="kubeconfig context")
+    doctor.add_argument("--namespace", default="default", help="namespace to install into")
+    doctor.add_argument(
+        "--gpu-resource",
+        action="append",
+        metavar="NAME",
+        help="NVIDIA extended resource name (repeatable; default nvidia.com/gpu)",
+    )
+    doctor.add_argument(
+        "--npu-resource",
+        action="append",
+        metavar="NAME",
+        help="Ascend extended resource name (repeatable; default huawei.com/Ascend910)",
+    )
+    doctor.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds per API request (default 5)"
+    )
+    doctor.add_argument("--output", choices=("text", "json", "yaml"), default="text")
+
+    version = sub.add_parser("version", help="print moss-vl, SGLang and torch versions")
+    version.add_argument("--output", choices=("text", "json"), default="text")
+    return parser
+
+
+# ---- serve -------------------------------------------------------------------
+
+
+def _flag_or_env(args: argparse.Namespace, name: str):
+    value = getattr(args, name)
+    if value is not None:
+        return value
+    var = SERVE_ENV[name]
+    try:
+        return var.get()
+    except ValueError as err:
+        raise Refused(str(err)) from None
+
+
+def _graph_bs(value) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return tuple(value)
+    try:
+        return tuple(int(v) for v in value.split())
+    except ValueError:
+        raise Refused(
+            f"{environ.MOSS_VL_CUDA_GRAPH_BS.name}={value!r}: expected space-separated integers"
+        ) from None
+
+
+def _extra_args(cli_extra: Sequence[str]) -> tuple[str, ...]:
+    raw = environ.MOSS_VL_EXTRA_ARGS.get() or ""
+    try:
+        from_env = shlex.split(raw)
+    except ValueError as err:
+        raise Refused(f"{environ.MOSS_VL_EXTRA_ARGS.name}={raw!r}: {err}") from None
+    # Command-line arguments come last so they win over the variable.
+    return (*from_env, *cli_extra)
+
+
+def _resolve_device(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    from moss_vl.device import detect_device
+
+    found = detect_device()
+    if found == "cpu":
+        raise Refused(
+            "--device auto: no accelerator found (torch_npu sees no NPU, torch sees no CUDA "
+            "device); choose one with --device cuda or --device npu (or MOSS_VL_DEVICE)"
+        )
+    return found
+
+
+def _visible(device: str) -> tuple[int | None, str]:
+    from moss_vl.device import VISIBLE_DEVICES_VAR, visible_accelerators
+
+    var = VISIBLE_DEVICES_VAR[device]
+    count = visible_accelerators(device)
+    if var in os.environ:
+        return count, f"{var}={os.environ[var]}"
+    return count, "torch_npu.npu.device_count()" if device == "npu" else "torch.cuda.device_count()"
+
+
+def _env_sources(args: argparse.Namespace) -> dict[str, str]:
+    """moss-vl flag -> variable, for flags that took their value from a variable."""
+    sources = {}
+    for name, var in SERVE_ENV.items():
+        if getattr(args, name) is None and var.is_set():
+            sources["--" + name.replace("_", "-")] = var.name
+    return sources
+
+
+def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from moss_vl.presets import LAUNCH_MODULE, PresetError, ServeConfig, build_command
+
+    device = _resolve_device(_flag_or_env(args, "device"))
+    config = ServeConfig(
+        device=device,
+        model_path=_flag_or_env(args, "model_path"),
+        served_model_name=_flag_or_env(args, "served_model_name"),
+        host=_flag_or_env(args, "host"),
+        port=_flag_or_env(args, "port"),
+        tp=_flag_or_env(args, "tp"),
+        dtype=_flag_or_env(args, "dtype"),
+        mem_fraction_static=_flag_or_env(args, "mem_fraction_static"),
+        context_length=_flag_or_env(args, "context_length"),
+        max_running_requests=_flag_or_env(args, "max_running_requests"),
+        cuda_graph_bs=_graph_bs(_flag_or_env(args, "cuda_graph_bs")),
+        api_key=environ.MOSS_VL_API_KEY.get(),
+        extra_args=_extra_args(extra),
+    )
+    visible, visible_source = _visible(device)
+    try:
+        command = build_command(config, visible=visible, visible_source=visible_source)
+    except PresetError as err:
+        source = _env_sources(args).get(err.flag)
+        raise Refused(f"{err} (set by {source})" if source else str(err)) from None
+
+    python = sys.executable
+    shown = [python, "-m", LAUNCH_MODULE, *command.display_argv()]
+    if args.output == "json":
+        print(json.dumps({"device": device, "argv": shown, "env": command.env}, indent=2))
+    else:
+        env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in command.env.items())
+        print(f"moss-vl serve ({device}): {env_text} {shlex.join(shown)}", flush=True)
+    if args.dry_run:
+        return EXIT_OK
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        print(
+            f"moss-vl serve: SGLang is not installed for {python} "
+            f"(pip install 'moss-vl[sglang]' or use the image)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # exec, not a child: signals from the kubelet reach SGLang directly and the
+    # container's exit code is SGLang's.
+    os.execvpe(python, command.launch_argv(python), {**os.environ, **command.env})
+    return EXIT_FAILED  # not reached
+
+
+# ---- doctor / version ------------------------------------------------------------
+
+
+def doctor(args: argparse.Namespace) -> int:
+    from moss_vl import doctor as doctor_mod
+
+    return doctor_mod.main(
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        namespace=args.namespace,
+        gpu_resources=tuple(args.gpu_resource or doctor_mod.DEFAULT_GPU_RESOURCES),
+        npu_resources=tuple(args.npu_resource or doctor_mod.DEFAULT_NPU_RESOURCES),
+        timeout=args.timeout,
+        output=args.output,
+    )
+
+
+def versions() -> dict[str, str]:
+    from importlib import metadata
+
+    def dist_version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return {
+        "moss-vl": __version__,
+        "sglang": dist_version("sglang"),
+        "torch": dist_version("torch"),
+    }
+
+
+def version(args: argparse.Namespace) -> int:
+    found = versions()
+    if args.output == "json":
+        print(json.dumps(found, indent=2))
+    else:
+        for name, value in found.items():
+            print(f"{name} {value}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first `--` belongs to SGLang, untouched by argparse.
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
+    args = _build_parser().parse_args(argv)
+    if extra and args.command != "serve":
+        print(f"moss-vl {args.command}: unexpected arguments after --: {extra}", file=sys.stderr)
+        return EXIT_REFUSED
+    try:
+        if args.command == "serve":
+            return serve(args, extra)
+        if args.command == "doctor":
+            return doctor(args)
+        return version(args)
+    except Refused as err:
+        print(f"moss-vl {args.command}: {err}", file=sys.stderr)
+        return EXIT_REFUSED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,453 @@
+"""Device presets for `moss-vl serve`: the SGLang flags and environment per device.
+
+DESIGN.md §4 as data (`PRESETS`) plus one pure function, `build_command`, that
+turns a typed `ServeConfig` into the argument list for
+`python -m sglang.launch_server` and the environment it needs. Contradictions
+raise `PresetError`, which names the offending flag and the reason; the CLI
+turns it into exit code 2.
+
+Flag names are SGLang 0.5.23's (`sglang.srt.server_args.ServerArgs.add_cli_args`);
+tests parse every preset with that real parser. Two names differ from older
+SGLang docs: `--tp` is spelled `--tp-size`, and `--cuda-graph-bs` no longer
+exists (0.5.23 splits it into `--cuda-graph-bs-decode` / `--cuda-graph-bs-prefill`;
+the bare spelling is an ambiguous prefix there and argparse rejects it).
+
+This module imports neither torch nor sglang.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+SGLANG_VERSION = "0.5.23"
+LAUNCH_MODULE = "sglang.launch_server"
+DEFAULT_HOST = "0.0.0.0"
+DEFAULT_PORT = 30000
+HEALTH_PATH = "/health"
+PLUGIN_NAME = "moss_vl"
+DEVICES = ("cuda", "npu")
+
+# The npu preset keeps graphs for these decode batch sizes (upstream's
+# `--cuda-graph-bs 1 2 4 8 16 32`, which 0.5.23 names `--cuda-graph-bs-decode`).
+NPU_CUDA_GRAPH_BS = (1, 2, 4, 8, 16, 32)
+
+# Values whose text must never be printed.
+SECRET_FLAGS = frozenset({"--api-key", "--admin-api-key"})
+MASK = "****"
+
+
+class PresetError(ValueError):
+    """A serve request that cannot start: `flag` is what to change, `reason` why."""
+
+    def __init__(self, flag: str, reason: str):
+        super().__init__(f"{flag}: {reason}")
+        self.flag = flag
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Preset:
+    device: str
+    # (flag, values) in the order they are emitted; a flag with no values is a switch.
+    flags: tuple[tuple[str, tuple[str, ...]], ...]
+    env: Mapping[str, str]
+
+
+# Always on, whatever the device: MOSS-VL ships remote code (auto_map), it is
+# multimodal, and /metrics carries sglang:* next to the plugin's moss_vl:*.
+COMMON_FLAGS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("--trust-remote-code", ()),
+    ("--enable-multimodal", ()),
+    ("--enable-metrics", ()),
+)
+
+PRESETS: dict[str, Preset] = {
+    "cuda": Preset(
+        device="cuda",
+        flags=(
+            # The cross-attention mask (ForwardBatch.cross_attention_custom_mask)
+            # is consumed by FlashInfer's prefill kernels only.
+            ("--prefill-attention-backend", ("flashinfer",)),
+        ),
+        env={"SGLANG_PLUGINS": PLUGIN_NAME},
+    ),
+    "npu": Preset(
+        device="npu",
+        flags=(
+            ("--device", ("npu",)),
+            ("--attention-backend", ("ascend",)),
+            ("--prefill-attention-backend", ("ascend",)),
+            ("--decode-attention-backend", ("ascend",)),
+            ("--sampling-backend", ("ascend",)),
+            ("--mm-attention-backend", ("ascend_attn",)),
+            # Paged KV (page 128) keeps finished requests' vision pages in the
+            # radix tree and made T=0 decoding non-deterministic upstream.
+            ("--disable-radix-cache", ()),
+            ("--cuda-graph-bs-decode", tuple(str(b) for b in NPU_CUDA_GRAPH_BS)),
+        ),
+        # The fused FA / FIA operators cannot take the cross-attention mask;
+        # with both off, AscendAttnBackend takes the native SDPA path the plugin patches.
+        env={"SGLANG_PLUGINS": PLUGIN_NAME, "ASCEND_USE_FA": "false", "ASCEND_USE_FIA": "false"},
+    ),
+}
+
+# Other spellings SGLang 0.5.23 accepts for a flag moss-vl emits or checks
+# (aliases from its dataclass fields, plus `--tp`, the abbreviation every
+# SGLang example uses).
+ALIASES: dict[str, str] = {
+    "--model": "--model-path",
+    "--tp": "--tp-size",
+    "--tensor-parallel-size": "--tp-size",
+    "--enable-hicache": "--enable-hierarchical-cache",
+}
+
+# Flags that switch the radix cache back on (or need it) in SGLang 0.5.23.
+RADIX_CACHE_FLAGS: dict[str, str] = {
+    "--enable-hierarchical-cache": "the hierarchical cache is a tier of the radix cache",
+    "--enable-session-radix-cache": "it tracks sessions in the radix cache",
+    "--radix-cache-backend": "it selects a radix cache implementation",
+    "--disaggregation-decode-enable-radix-cache": "it sets disable_radix_cache=False",
+    "--enable-unified-cache-external-linker": "it requires radix caching enabled",
+}
+NPU_RADIX_REASON = (
+    "the npu preset runs with --disable-radix-cache: under paged KV (page 128) the radix "
+    "tree keeps finished requests' vision pages and T=0 decoding became non-deterministic "
+    "upstream"
+)
+
+# Flags moss-vl reads or validates; an abbreviation of one of these in the
+# extra arguments would slip past the checks (argparse expands unique
+# prefixes), so abbreviations of them are refused.
+GUARDED_FLAGS: frozenset[str] = frozenset(
+    {flag for preset in PRESETS.values() for flag, _ in preset.flags}
+    | {flag for flag, _ in COMMON_FLAGS}
+    | set(RADIX_CACHE_FLAGS)
+    | {
+        "--model-path",
+        "--served-model-name",
+        "--host",
+        "--port",
+        "--tp-size",
+        "--pp-size",
+        "--dp-size",
+        "--nnodes",
+        "--dtype",
+        "--mem-fraction-static",
+        "--context-length",
+        "--max-running-requests",
+        "--api-key",
+        "--admin-api-key",
+        "--config",
+    }
+)
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_FLAG = re.compile(r"^--?[A-Za-z]")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What `moss-vl serve` was asked for (flags over MOSS_VL_* variables)."""
+
+    device: str
+    model_path: str | None
+    served_model_name: str | None = None
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    tp: int | None = None
+    dtype: str = "bfloat16"
+    mem_fraction_static: float | None = None
+    context_length: int | None = None
+    max_running_requests: int | None = None
+    cuda_graph_bs: tuple[int, ...] | None = None
+    api_key: str | None = None
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass
+class _Option:
+    flag: str  # canonical spelling
+    values: list[str] = field(default_factory=list)
+    inline: bool = False  # written as --flag=value
+
+
+@dataclass(frozen=True)
+class ServeCommand:
+    device: str
+    argv: tuple[str, ...]  # arguments after `python -m sglang.launch_server`
+    env: dict[str, str]  # variables moss-vl sets on top of the inherited environment
+
+    def launch_argv(self, python: str) -> list[str]:
+        return [python, "-m", LAUNCH_MODULE, *self.argv]
+
+    def display_argv(self) -> list[str]:
+        return mask_secrets(self.argv)
+
+
+def mask_secrets(argv: Sequence[str]) -> list[str]:
+    """argv with the values of SECRET_FLAGS replaced by MASK."""
+    out: list[str] = []
+    hide_next = False
+    for token in argv:
+        if hide_next:
+            out.append(MASK)
+            hide_next = False
+            continue
+        name, sep, _ = token.partition("=")
+        if ALIASES.get(name, name) in SECRET_FLAGS:
+            if sep:
+                out.append(f"{name}={MASK}")
+            else:
+                out.append(token)
+                hide_next = True
+            continue
+        out.append(token)
+    return out
+
+
+def parse_extra_args(tokens: Sequence[str]) -> list[_Option]:
+    """Group SGLang arguments into options: a flag and the values after it."""
+    options: list[_Option] = []
+    for token in tokens:
+        if _FLAG.match(token):
+            name, sep, value = token.partition("=")
+            if name.startswith("--"):
+                _refuse_abbreviation(name)
+            option = _Option(ALIASES.get(name, name), [value] if sep else [], bool(sep))
+            options.append(option)
+        elif not options:
+            raise PresetError(
+                token, "extra SGLang arguments must start with a flag (--name [value ...])"
+            )
+        else:
+            options[-1].values.append(token)
+    return options
+
+
+def _refuse_abbreviation(name: str) -> None:
+    if name in GUARDED_FLAGS or name in ALIASES:
+        return
+    expansions = sorted(f for f in GUARDED_FLAGS if f.startswith(name))
+    if expansions:
+        raise PresetError(
+            name,
+            f"abbreviated flag; write it out ({', '.join(expansions)}) so moss-vl can check it",
+        )
+
+
+def is_hub_id(model_path: str) -> bool:
+    return bool(_HUB_ID.match(model_path)) and ".." not in model_path.split("/")
+
+
+def check_model_path(model_path: str | None) -> None:
+    if not model_path:
+        raise PresetError(
+            "--model-path", "required (a local checkpoint directory or a hub id like org/name)"
+        )
+    if os.path.exists(model_path):
+        return
+    if is_hub_id(model_path):
+        return
+    raise PresetError(
+        "--model-path",
+        f"{model_path!r} does not exist locally and is not a hub id (org/name)",
+    )
+
+
+def _check_config(config: ServeConfig) -> None:
+    if config.device not in PRESETS:
+        raise PresetError("--device", f"{config.device!r}: expected one of {', '.join(DEVICES)}")
+    if not 1 <= config.port <= 65535:
+        raise PresetError("--port", f"{config.port} is not a TCP port (1-65535)")
+    if not config.host:
+        raise PresetError("--host", "must not be empty")
+    if config.tp is not None and config.tp < 1:
+        raise PresetError("--tp", f"{config.tp}: must be at least 1")
+    if config.mem_fraction_static is not None and not 0 < config.mem_fraction_static <= 1:
+        raise PresetError(
+            "--mem-fraction-static", f"{config.mem_fraction_static}: must be in (0, 1]"
+        )
+    for flag, value in (
+        ("--context-length", config.context_length),
+        ("--max-running-requests", config.max_running_requests),
+    ):
+        if value is not None and value < 1:
+            raise PresetError(flag, f"{value}: must be at least 1")
+    graph_bs = config.cuda_graph_bs
+    if graph_bs is not None and (not graph_bs or any(b < 1 for b in graph_bs)):
+        raise PresetError("--cuda-graph-bs", f"{list(graph_bs)}: batch sizes must be >= 1")
+
+
+def _preset_options(config: ServeConfig, tp: int) -> list[_Option]:
+    preset = PRESETS[config.device]
+    options = [_Option("--model-path", [config.model_path or ""])]
+    if config.served_model_name:
+        options.append(_Option("--served-model-name", [config.served_model_name]))
+    options += [
+        _Option("--host", [config.host]),
+        _Option("--port", [str(config.port)]),
+        _Option("--tp-size", [str(tp)]),
+        _Option("--dtype", [config.dtype]),
+    ]
+    options += [_Option(flag, list(values)) for flag, values in COMMON_FLAGS]
+    options += [_Option(flag, list(values)) for flag, values in preset.flags]
+    if config.cuda_graph_bs is not None:
+        options.append(_Option("--cuda-graph-bs-decode", [str(b) for b in config.cuda_graph_bs]))
+    if config.mem_fraction_static is not None:
+        options.append(_Option("--mem-fraction-static", [str(config.mem_fraction_static)]))
+    if config.context_length is not None:
+        options.append(_Option("--context-length", [str(config.context_length)]))
+    if config.max_running_requests is not None:
+        options.append(_Option("--max-running-requests", [str(config.max_running_requests)]))
+    if config.api_key:
+        options.append(_Option("--api-key", [config.api_key]))
+    return options
+
+
+def merge_options(base: list[_Option], extra: list[_Option]) -> list[_Option]:
+    """base with each extra option replacing the same flag in place, or appended.
+
+    One flag appears once in the result: a repeated flag takes its last value,
+    as argparse would, but the command stays readable.
+    """
+    merged = list(base)
+    index = {opt.flag: i for i, opt in enumerate(merged)}
+    for opt in extra:
+        if opt.flag in index:
+            merged[index[opt.flag]] = opt
+        else:
+            index[opt.flag] = len(merged)
+            merged.append(opt)
+    return merged
+
+
+def _single_value(options: dict[str, _Option], flag: str) -> str | None:
+    opt = options.get(flag)
+    if opt is None:
+        return None
+    if len(opt.values) != 1:
+        raise PresetError(flag, f"expects one value, got {len(opt.values)}: {opt.values}")
+    return opt.values[0]
+
+
+def _int_value(options: dict[str, _Option], flag: str, default: int) -> int:
+    raw = _single_value(options, flag)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise PresetError(flag, f"{raw!r} is not an integer") from None
+
+
+def _check_merged(
+    device: str,
+    options: dict[str, _Option],
+    visible: int | None,
+    visible_source: str,
+    environ: Mapping[str, str],
+) -> None:
+    if "--config" in options:
+        raise PresetError(
+            "--config",
+            "a config file would bypass the preset checks; pass its flags after `--` instead",
+        )
+    requested_device = _single_value(options, "--device")
+    if requested_device is not None and requested_device != device:
+        raise PresetError(
+            "--device",
+            f"SGLang --device {requested_device} contradicts the {device} preset; "
+            f"choose the preset with `moss-vl serve --device {requested_device}`",
+        )
+    check_model_path(_single_value(options, "--model-path"))
+
+    prefill = _single_value(options, "--prefill-attention-backend")
+    if device == "cuda":
+        # SGLang 0.5.23 (attention_backends_of): an explicit
+        # --prefill-attention-backend wins over --attention-backend, and the
+        # preset always sets it, so only the prefill flag itself can move it.
+        if prefill != "flashinfer":
+            raise PresetError(
+                "--prefill-attention-backend",
+                f"{prefill!r} on cuda: MOSS-VL's cross-attention custom mask is applied "
+                "only by the flashinfer prefill backend",
+            )
+    else:
+        for flag in (
+            "--attention-backend",
+            "--prefill-attention-backend",
+            "--decode-attention-backend",
+        ):
+            value = _single_value(options, flag)
+            if value != "ascend":
+                raise PresetError(
+                    flag,
+                    f"{value!r} on npu: the cross-attention mask path (AscendAttnBackend, "
+                    "patched by the moss_vl plugin) needs the ascend backend",
+                )
+        for flag, why in RADIX_CACHE_FLAGS.items():
+            if flag in options:
+                raise PresetError(flag, f"forces the radix cache on ({why}); {NPU_RADIX_REASON}")
+        for var in ("ASCEND_USE_FA", "ASCEND_USE_FIA"):
+            raw = environ.get(var, "").strip().lower()
+            if raw in ("1", "true", "yes", "on"):
+                raise PresetError(
+                    var,
+                    f"{var}={environ[var]} selects fused attention operators that cannot take "
+                    "the cross-attention mask; the npu preset needs it false",
+                )
+
+    tp = _int_value(options, "--tp-size", 1)
+    if tp < 1:
+        raise PresetError("--tp-size", f"{tp}: must be at least 1")
+    pp = _int_value(options, "--pp-size", 1)
+    dp = _int_value(options, "--dp-size", 1)
+    nnodes = _int_value(options, "--nnodes", 1)
+    # Knowable only on one node without data-parallel replicas (how DP maps to
+    # devices depends on DP attention, which resolves later inside SGLang).
+    if visible is not None and nnodes == 1 and dp == 1 and tp * pp != visible:
+        wanted = f"tp {tp}" if pp == 1 else f"tp {tp} x pp {pp}"
+        raise PresetError(
+            "--tp",
+            f"{wanted} needs {tp * pp} accelerators, but {visible} are visible ({visible_source}); "
+            "set --tp to the visible count or change the visible devices",
+        )
+
+
+def build_command(
+    config: ServeConfig,
+    visible: int | None = None,
+    visible_source: str = "",
+    environ: Mapping[str, str] | None = None,
+) -> ServeCommand:
+    """The validated SGLang arguments and environment for `config`.
+
+    `visible` is the number of accelerators the server would see (None when
+    unknowable); it is the tp default and the tp check's reference.
+    `environ` is the environment the server inherits (default: os.environ).
+    """
+    env_in = os.environ if environ is None else environ
+    _check_config(config)
+    tp = config.tp if config.tp is not None else (visible or 1)
+    options = merge_options(_preset_options(config, tp), parse_extra_args(config.extra_args))
+    by_flag = {opt.flag: opt for opt in options}
+    _check_merged(config.device, by_flag, visible, visible_source, env_in)
+
+    argv: list[str] = []
+    for opt in options:
+        if opt.inline:
+            argv.append(f"{opt.flag}={opt.values[0]}")
+            argv.extend(opt.values[1:])
+        else:
+            argv.append(opt.flag)
+            argv.extend(opt.values)
+
+    env = dict(PRESETS[config.device].env)
+    # An operator may narrow SGLang's plugin whitelist (e.g. to leave moss_vl
+    # out for an A/B run); an empty value would mean "load every plugin".
+    if env_in.get("SGLANG_PLUGINS", "").strip():
+        env["SGLANG_PLUGINS"] = env_in["SGLANG_PLUGINS"]
+    return ServeCommand(device=config.device, argv=tuple(argv), env=env)
