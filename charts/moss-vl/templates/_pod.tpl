@@ -1,0 +1,295 @@
+{{/*
+The server pod template, written once for both devices.
+Call with (dict "root" $ "device" "cuda"|"npu").
+
+The server is configured only through MOSS_VL_* variables: the image's
+ENTRYPOINT `moss-vl serve` turns them and the device preset into SGLang flags,
+so no SGLang flag is spelled here (see src/moss_vl/presets.py).
+*/}}
+{{- define "moss-vl.serverPodTemplate" -}}
+{{- $root := .root }}
+{{- $device := .device }}
+{{- $v := $root.Values }}
+{{- $pool := index $v $device }}
+{{- $image := include "moss-vl.image" . }}
+{{- $modelPath := include "moss-vl.modelPath" $root -}}
+metadata:
+  labels:
+    {{- include "moss-vl.poolSelectorLabels" . | nindent 4 }}
+    {{- include "moss-vl.metaLabels" $root | nindent 4 }}
+    {{- with $v.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    {{- if $v.metrics.scrapeAnnotations }}
+    prometheus.io/scrape: "true"
+    prometheus.io/port: {{ $v.server.port | quote }}
+    prometheus.io/path: /metrics
+    {{- end }}
+    {{- if and $v.server.apiKey.enabled (not $v.server.apiKey.existingSecret) }}
+    checksum/api-key: {{ include (print $root.Template.BasePath "/secret.yaml") $root | sha256sum }}
+    {{- end }}
+    {{- with $v.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  serviceAccountName: {{ include "moss-vl.serviceAccountName" $root }}
+  # The server never talks to the Kubernetes API.
+  automountServiceAccountToken: false
+  {{- with $v.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  terminationGracePeriodSeconds: {{ $v.shutdown.terminationGracePeriodSeconds }}
+  securityContext:
+    {{- $psc := deepCopy $v.podSecurityContext }}
+    {{- if $pool.supplementalGroups }}
+    {{- $_ := set $psc "supplementalGroups" (concat (default (list) $psc.supplementalGroups) $pool.supplementalGroups | uniq) }}
+    {{- end }}
+    {{- toYaml $psc | nindent 4 }}
+  {{- with $v.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $pool.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $pool.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $pool.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if $v.topologySpreadConstraints }}
+  topologySpreadConstraints:
+    {{- range $v.topologySpreadConstraints }}
+    - {{- toYaml (merge (dict) . (dict "labelSelector" (dict "matchLabels" (include "moss-vl.poolSelectorLabels" (dict "root" $root "device" $device) | fromYaml)))) | nindent 6 }}
+    {{- end }}
+  {{- end }}
+  {{- if $v.model.download.enabled }}
+  initContainers:
+    # Fills the weights volume from the hub when <dir> is missing or was left
+    # half-written; a complete directory is left untouched (restarts are free).
+    - name: download-model
+      image: {{ $image }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      command:
+        - python3
+        - /opt/moss-vl/download/download_model.py
+      args:
+        - --source={{ $v.model.download.source }}
+        - --repo-id={{ $v.model.download.repoId }}
+        - --revision={{ $v.model.download.revision }}
+        - --target={{ $modelPath }}
+      env:
+        - name: HF_HOME
+          value: /tmp/hf-home
+        - name: MODELSCOPE_CACHE
+          value: /tmp/modelscope
+        {{- with $v.model.download.endpoint }}
+        - name: {{ ternary "HF_ENDPOINT" "MODELSCOPE_DOMAIN" (eq $v.model.download.source "huggingface") }}
+          value: {{ . | quote }}
+        {{- end }}
+        {{- with $v.model.download.tokenSecret.name }}
+        - name: {{ ternary "HF_TOKEN" "MODELSCOPE_API_TOKEN" (eq $v.model.download.source "huggingface") }}
+          valueFrom:
+            secretKeyRef:
+              name: {{ . }}
+              key: {{ $v.model.download.tokenSecret.key }}
+        {{- end }}
+      securityContext:
+        {{- toYaml $v.securityContext | nindent 8 }}
+      resources:
+        {{- toYaml $v.model.download.resources | nindent 8 }}
+      volumeMounts:
+        - name: models
+          mountPath: {{ $v.model.mountPath }}
+        - name: tmp
+          mountPath: /tmp
+        - name: download-script
+          mountPath: /opt/moss-vl/download
+          readOnly: true
+  {{- end }}
+  containers:
+    - name: server
+      image: {{ $image }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      ports:
+        - name: http
+          containerPort: {{ $v.server.port }}
+          protocol: TCP
+      env:
+        - name: MOSS_VL_DEVICE
+          value: {{ $device }}
+        - name: MOSS_VL_MODEL_PATH
+          value: {{ $modelPath | quote }}
+        - name: MOSS_VL_SERVED_MODEL_NAME
+          value: {{ $v.server.servedModelName | quote }}
+        - name: MOSS_VL_HOST
+          value: "0.0.0.0"
+        - name: MOSS_VL_PORT
+          value: {{ $v.server.port | quote }}
+        - name: MOSS_VL_TP
+          value: {{ $pool.count | quote }}
+        - name: MOSS_VL_DTYPE
+          value: {{ $v.server.dtype | quote }}
+        {{- if not (kindIs "invalid" $v.server.memFractionStatic) }}
+        - name: MOSS_VL_MEM_FRACTION_STATIC
+          value: {{ $v.server.memFractionStatic | quote }}
+        {{- end }}
+        {{- if not (kindIs "invalid" $v.server.contextLength) }}
+        - name: MOSS_VL_CONTEXT_LENGTH
+          value: {{ $v.server.contextLength | int64 | quote }}
+        {{- end }}
+        {{- if not (kindIs "invalid" $v.server.maxRunningRequests) }}
+        - name: MOSS_VL_MAX_RUNNING_REQUESTS
+          value: {{ $v.server.maxRunningRequests | int64 | quote }}
+        {{- end }}
+        - name: MOSS_VL_CROSS_ATTN_PLAN
+          value: {{ $v.server.crossAttnPlan | quote }}
+        {{- $extra := list $v.server.extraArgs $pool.extraArgs | compact | join " " }}
+        {{- if $extra }}
+        - name: MOSS_VL_EXTRA_ARGS
+          value: {{ $extra | quote }}
+        {{- end }}
+        {{- if $v.server.apiKey.enabled }}
+        - name: MOSS_VL_API_KEY
+          valueFrom:
+            secretKeyRef:
+              name: {{ include "moss-vl.apiKeySecretName" $root }}
+              key: {{ $v.server.apiKey.secretKey }}
+        {{- end }}
+        # The weights are local: never reach a hub from the server.
+        - name: HF_HUB_OFFLINE
+          value: "1"
+        - name: TRANSFORMERS_OFFLINE
+          value: "1"
+        - name: SGLANG_PLUGINS
+          value: moss_vl
+        # The root filesystem is read-only; JIT caches go to the cache volume.
+        - name: TRITON_CACHE_DIR
+          value: /home/moss/.cache/triton
+        {{- if eq $device "npu" }}
+        # Fused attention operators cannot take the cross-attention mask.
+        - name: ASCEND_USE_FA
+          value: "false"
+        - name: ASCEND_USE_FIA
+          value: "false"
+        {{- end }}
+        {{- with $pool.env }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+        {{- with $v.server.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      startupProbe:
+        httpGet:
+          path: {{ $v.probes.startup.path }}
+          port: http
+        periodSeconds: {{ $pool.startupProbe.periodSeconds }}
+        failureThreshold: {{ $pool.startupProbe.failureThreshold }}
+        timeoutSeconds: {{ $v.probes.startup.timeoutSeconds }}
+      readinessProbe:
+        httpGet:
+          path: {{ $v.probes.readiness.path }}
+          port: http
+        periodSeconds: {{ $v.probes.readiness.periodSeconds }}
+        timeoutSeconds: {{ $v.probes.readiness.timeoutSeconds }}
+        failureThreshold: {{ $v.probes.readiness.failureThreshold }}
+      livenessProbe:
+        httpGet:
+          path: {{ $v.probes.liveness.path }}
+          port: http
+        periodSeconds: {{ $v.probes.liveness.periodSeconds }}
+        timeoutSeconds: {{ $v.probes.liveness.timeoutSeconds }}
+        failureThreshold: {{ $v.probes.liveness.failureThreshold }}
+      lifecycle:
+        # Keep serving while endpoints and load balancers drop the pod; then
+        # SIGTERM starts SGLang's drain (TokenizerManager.sigterm_watchdog waits
+        # for every in-flight request before exiting).
+        preStop:
+          sleep:
+            seconds: {{ $v.shutdown.preStopSleepSeconds }}
+      securityContext:
+        {{- toYaml $v.securityContext | nindent 8 }}
+      resources:
+        requests:
+          {{- with $v.server.resources.requests }}
+          {{- toYaml . | nindent 10 }}
+          {{- end }}
+          {{ $pool.resourceName }}: {{ $pool.count }}
+        limits:
+          {{- with $v.server.resources.limits }}
+          {{- toYaml . | nindent 10 }}
+          {{- end }}
+          {{ $pool.resourceName }}: {{ $pool.count }}
+      volumeMounts:
+        - name: models
+          mountPath: {{ $v.model.mountPath }}
+          readOnly: true
+        - name: dshm
+          mountPath: /dev/shm
+        - name: tmp
+          mountPath: /tmp
+        - name: cache
+          mountPath: /home/moss/.cache
+        {{- range $i, $dir := $pool.writableDirs }}
+        - name: writable-{{ $i }}
+          mountPath: {{ $dir }}
+        {{- end }}
+        {{- range $pool.hostMounts }}
+        - name: {{ .name }}
+          mountPath: {{ .mountPath }}
+          readOnly: true
+        {{- end }}
+        {{- with $v.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+  volumes:
+    - name: models
+      {{- if eq $v.model.storage.type "hostPath" }}
+      hostPath:
+        path: {{ $v.model.storage.hostPath }}
+        type: {{ ternary "DirectoryOrCreate" "Directory" $v.model.download.enabled }}
+      {{- else }}
+      persistentVolumeClaim:
+        claimName: {{ include "moss-vl.modelClaimName" $root }}
+      {{- end }}
+    - name: dshm
+      emptyDir:
+        medium: Memory
+        sizeLimit: {{ $pool.shmSize }}
+    - name: tmp
+      emptyDir:
+        sizeLimit: {{ $v.server.tmpSizeLimit }}
+    - name: cache
+      {{- if $v.server.cache.existingClaim }}
+      persistentVolumeClaim:
+        claimName: {{ $v.server.cache.existingClaim }}
+      {{- else }}
+      emptyDir:
+        sizeLimit: {{ $v.server.cache.sizeLimit }}
+      {{- end }}
+    {{- range $i, $dir := $pool.writableDirs }}
+    - name: writable-{{ $i }}
+      emptyDir: {}
+    {{- end }}
+    {{- range $pool.hostMounts }}
+    - name: {{ .name }}
+      hostPath:
+        path: {{ .hostPath }}
+        {{- with .type }}
+        type: {{ . }}
+        {{- end }}
+    {{- end }}
+    {{- if $v.model.download.enabled }}
+    - name: download-script
+      configMap:
+        name: {{ include "moss-vl.fullname" $root }}-download
+    {{- end }}
+    {{- with $v.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+{{- end }}

@@ -1,0 +1,103 @@
+"""templates/configmap-download.yaml and files/model/download_model.py.
+
+Contract: the ConfigMap carries the script byte for byte when download is
+enabled (none otherwise). The script, run with the real interpreter and the
+real huggingface_hub:
+- leaves a complete checkpoint alone and downloads nothing;
+- refuses a malformed hub id, a relative target or an unknown source, naming it;
+- on a failed download exits 1 naming the repository, and never leaves a
+  directory at the target that the server would try to load;
+- moves leftovers at the target aside to `<target>.partial` to resume there.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from .chart_render import CHART, RELEASE, render
+
+SCRIPT = CHART / "files" / "model" / "download_model.py"
+
+
+def run(*args, env_extra=None, cwd=None):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(cwd or "/tmp"), **(env_extra or {})}
+    env.pop("HF_TOKEN", None)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_configmap_carries_the_script(rendered, values):
+    cm = rendered.maybe("ConfigMap", f"{RELEASE}-download")
+    if not values["model"]["download"]["enabled"]:
+        assert cm is None
+        return
+    assert cm["data"]["download_model.py"] == SCRIPT.read_text()
+
+
+def test_disabled_renders_no_configmap():
+    assert render("model.download.enabled=false").maybe("ConfigMap", f"{RELEASE}-download") is None
+
+
+def test_complete_checkpoint_is_left_alone(tmp_path):
+    target = tmp_path / "MOSS-VL"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    (target / "model-00001-of-00001.safetensors").write_bytes(b"\0" * 16)
+    proc = run(
+        "--source=huggingface",
+        "--repo-id=OpenMOSS/MOSS-VL-Instruct-0708",
+        f"--target={target}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "nothing to download" in proc.stdout
+    assert not (tmp_path / "MOSS-VL.partial").exists()
+
+
+def test_bad_arguments_are_named(tmp_path):
+    proc = run(
+        "--source=huggingface", "--repo-id=not-a-hub-id", f"--target={tmp_path}/m", cwd=tmp_path
+    )
+    assert proc.returncode == 2 and "--repo-id='not-a-hub-id'" in proc.stderr
+    proc = run("--source=huggingface", "--repo-id=a/b", "--target=relative/m", cwd=tmp_path)
+    assert proc.returncode == 2 and "--target=relative/m" in proc.stderr
+    proc = run("--source=s3", "--repo-id=a/b", f"--target={tmp_path}/m", cwd=tmp_path)
+    assert proc.returncode == 2 and "--source" in proc.stderr
+
+
+def test_failed_download_leaves_no_target(tmp_path):
+    # HF_HUB_OFFLINE=1 makes the real snapshot_download fail without network.
+    target = tmp_path / "MOSS-VL"
+    proc = run(
+        "--source=huggingface",
+        "--repo-id=OpenMOSS/MOSS-VL-Instruct-0708",
+        f"--target={target}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1
+    assert "huggingface:OpenMOSS/MOSS-VL-Instruct-0708@main failed" in proc.stderr
+    assert not target.exists(), "a half-filled target would be loaded by the server"
+    assert (tmp_path / "MOSS-VL.partial").is_dir(), "the next attempt resumes here"
+
+
+def test_incomplete_target_is_moved_aside(tmp_path):
+    target = tmp_path / "MOSS-VL"
+    target.mkdir()
+    (target / "config.json").write_text("{}")  # weights missing: incomplete
+    proc = run(
+        "--source=huggingface",
+        "--repo-id=OpenMOSS/MOSS-VL-Instruct-0708",
+        f"--target={target}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1
+    assert not target.exists()
+    assert (tmp_path / "MOSS-VL.partial" / "config.json").is_file()

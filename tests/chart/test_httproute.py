@@ -1,0 +1,39 @@
+"""templates/httproute.yaml: optional Gateway API HTTPRoute.
+
+Contract: rendered only when enabled; attaches to the given parents and
+hostnames, routes / to the client Service port, and carries request and
+backend timeouts long enough for image uploads and long generations.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .chart_render import RELEASE, render
+
+
+def seconds(duration: str) -> int:
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)(ms|h|m|s)", duration))
+
+
+def test_rendered_only_when_enabled(rendered, values):
+    assert len(rendered.all("HTTPRoute")) == (1 if values["httpRoute"]["enabled"] else 0)
+
+
+def test_route(rendered, values):
+    if not values["httpRoute"]["enabled"]:
+        return
+    route = rendered.get("HTTPRoute", RELEASE)
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    assert route["spec"]["parentRefs"] == values["httpRoute"]["parentRefs"]
+    assert route["spec"].get("hostnames", []) == values["httpRoute"]["hostnames"]
+    (rule,) = route["spec"]["rules"]
+    assert rule["backendRefs"] == [{"name": RELEASE, "port": values["service"]["port"]}]
+    assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/"}}]
+
+
+def test_timeouts_fit_long_generations():
+    rule = render("httpRoute.enabled=true").get("HTTPRoute", RELEASE)["spec"]["rules"][0]
+    assert seconds(rule["timeouts"]["request"]) >= 600
+    assert seconds(rule["timeouts"]["backendRequest"]) <= seconds(rule["timeouts"]["request"])

@@ -1,0 +1,81 @@
+"""templates/loadtest-configmap.yaml and the chart's copies of the load test.
+
+Contract: the chart's files/loadtest/ copies are byte-identical to
+loadtest/ (locustfile.py, moss_vl_chat.py, every payload up to 64 KiB; `make
+chart-sync` refreshes them); the ConfigMaps carry exactly those bytes; and
+with the load test enabled the release Helm stores (chart files + manifest,
+gzip + base64 in one Secret) stays under the 1 MiB Secret limit.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+
+from .chart_render import CHART, RELEASE, REPO, render
+
+SOURCES = ("locustfile.py", "moss_vl_chat.py")
+PAYLOAD_MAX_BYTES = 64 * 1024
+LOADTEST = REPO / "loadtest"
+COPIES = CHART / "files" / "loadtest"
+
+
+def expected_payloads() -> dict[str, bytes]:
+    return {
+        p.name: p.read_bytes()
+        for p in sorted((LOADTEST / "payloads").iterdir())
+        if p.suffix in (".png", ".jpg") and p.stat().st_size <= PAYLOAD_MAX_BYTES
+    }
+
+
+def test_copies_match_loadtest_sources():
+    for name in SOURCES:
+        assert (LOADTEST / name).exists(), f"loadtest/{name} is gone; update SOURCES and chart-sync"
+        assert (COPIES / name).read_bytes() == (LOADTEST / name).read_bytes(), (
+            f"charts/moss-vl/files/loadtest/{name} differs from loadtest/{name}: run `make chart-sync`"
+        )
+    want = expected_payloads()
+    have = {p.name: p.read_bytes() for p in (COPIES / "payloads").iterdir()}
+    assert sorted(have) == sorted(want), "payload copies out of date: run `make chart-sync`"
+    for name, data in want.items():
+        assert have[name] == data, f"payloads/{name} differs: run `make chart-sync`"
+    assert any(n.startswith("frame-") for n in want) and any(n.startswith("img-") for n in want)
+
+
+def test_configmaps_carry_the_copies():
+    r = render("loadtest.enabled=true")
+    code = r.get("ConfigMap", f"{RELEASE}-loadtest")["data"]
+    assert sorted(code) == sorted(SOURCES)
+    for name in SOURCES:
+        assert code[name] == (COPIES / name).read_text()
+    payloads = r.get("ConfigMap", f"{RELEASE}-loadtest-payloads")["binaryData"]
+    assert {k: base64.b64decode(v) for k, v in payloads.items()} == expected_payloads()
+
+
+def test_external_payloads_configmap_replaces_the_bundled_one():
+    r = render("loadtest.enabled=true", "loadtest.payloadsConfigMap=moss-vl-payloads")
+    assert r.maybe("ConfigMap", f"{RELEASE}-loadtest-payloads") is None
+    vols = r.get("Job", f"{RELEASE}-loadtest-master")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "payloads", "configMap": {"name": "moss-vl-payloads"}} in vols
+
+
+def test_absent_by_default(rendered, values):
+    has = rendered.maybe("ConfigMap", f"{RELEASE}-loadtest") is not None
+    assert has == values["loadtest"]["enabled"]
+
+
+def test_release_fits_in_a_helm_secret():
+    # Helm (storage driver "secret") keeps base64(gzip(json(release))) in one
+    # Secret; the release holds every chart file and the rendered manifest.
+    manifest = render("loadtest.enabled=true").text
+    files = [
+        {"name": str(p.relative_to(CHART)), "data": base64.b64encode(p.read_bytes()).decode()}
+        for p in sorted(CHART.rglob("*"))
+        if p.is_file()
+    ]
+    release = json.dumps({"chart": {"files": files}, "manifest": manifest}).encode()
+    stored = len(base64.b64encode(gzip.compress(release)))
+    assert stored < 1024 * 1024, (
+        f"release Secret would be {stored} bytes (> 1 MiB): bundle fewer payloads"
+    )

@@ -1,0 +1,49 @@
+"""templates/NOTES.txt: what `helm install` prints.
+
+Contract: names every pool with its image and accelerator, says how to reach
+the endpoint (port-forward, Ingress host or Gateway), how to run `helm test`
+and the load test, and warns when a ReadWriteOnce weights claim is shared by
+pods that may land on different nodes.
+"""
+
+from __future__ import annotations
+
+from .chart_render import CHART, NAMESPACE, RELEASE, helm
+
+
+def notes(*sets: str) -> str:
+    args = ["install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE]
+    for s in sets:
+        args += ["--set", s]
+    out = helm(*args).stdout
+    assert "NOTES:" in out
+    return out.split("NOTES:", 1)[1]
+
+
+def test_default_notes():
+    text = notes()
+    assert f"{RELEASE}-cuda: openmoss/moss-vl:0.1.0-cuda, 1 x nvidia.com/gpu" in text
+    assert f"port-forward svc/{RELEASE} 30000:30000" in text
+    assert f"helm test {RELEASE} -n {NAMESPACE} --logs" in text
+    assert f"job/{RELEASE}-loadtest-master" in text
+    assert "20 min (cuda)" in text
+    assert "WARNING" not in text
+
+
+def test_both_pools_with_ingress_and_rwo_warning():
+    text = notes(
+        "devices={cuda,npu}",
+        "ingress.enabled=true",
+        "ingress.hosts[0].host=llm.example.com",
+        "ingress.hosts[0].paths[0].path=/",
+        "ingress.hosts[0].paths[0].pathType=Prefix",
+    )
+    assert "huawei.com/Ascend910" in text and "30 min (npu)" in text
+    assert "http://llm.example.com/v1/chat/completions" in text
+    assert "ReadWriteOnce" in text
+
+
+def test_loadtest_running():
+    text = notes("loadtest.enabled=true")
+    assert f"kubectl -n {NAMESPACE} logs -f job/{RELEASE}-loadtest-master" in text
+    assert "Locust runs now" in text

@@ -1,0 +1,104 @@
+"""templates/router-deployment.yaml: sglang-router in front of the replicas.
+
+Contract: when enabled, the router's argv is accepted by the real
+sglang-router 0.3.2 argument parser (unpacked by `make chart-tools`, never
+installed into .venv) and means: cache_aware policy, Kubernetes service
+discovery of exactly this release's server pods (the same labels as the
+server Service) in this namespace on the server port, base64-sized payloads,
+the worker API key from the Secret; the router mounts its token (it reads
+pods) and probes /readiness and /liveness.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from .chart_render import NAMESPACE, RELEASE, REPO, container, env_of, render
+
+ROUTER_PKG = REPO / ".tools" / "sglang-router-0.3.2"
+
+
+def parse_router_args(argv: list[str]) -> dict:
+    code = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(ROUTER_PKG)!r})\n"
+        # What launch_router.parse_router_args does, without importing the
+        # launcher's mini load balancer (16 s of imports for nothing here).
+        "import argparse\n"
+        "from sglang_router.router_args import RouterArgs\n"
+        "p = argparse.ArgumentParser()\n"
+        "RouterArgs.add_cli_args(p, use_router_prefix=False)\n"
+        "a = RouterArgs.from_cli_args(p.parse_args(sys.argv[1:]), use_router_prefix=False)\n"
+        "print(json.dumps({k: v for k, v in vars(a).items() if isinstance(v, (str, int, float, bool, dict, list, type(None)))}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, f"sglang-router rejects {argv}:\n{proc.stderr[-2000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def router(r) -> dict:
+    return r.get("Deployment", f"{RELEASE}-router")
+
+
+def test_absent_unless_enabled(rendered, values):
+    assert (rendered.maybe("Deployment", f"{RELEASE}-router") is not None) == values["router"][
+        "enabled"
+    ]
+
+
+def test_args_parse_with_the_real_router():
+    assert (ROUTER_PKG / "sglang_router" / "router_args.py").exists(), "run `make chart-tools`"
+    r = render(
+        "router.enabled=true",
+        "devices={cuda,npu}",
+        "server.apiKey.enabled=true",
+        "server.apiKey.existingSecret=key",
+    )
+    c = container(router(r)["spec"]["template"]["spec"], "router")
+    assert c["command"] == ["python3", "-m", "sglang_router.launch_router"]
+    args = parse_router_args(c["args"])
+    assert args["policy"] == "cache_aware"
+    assert args["service_discovery"] is True
+    assert args["selector"] == r.get("Service", RELEASE + "-server")["spec"]["selector"]
+    assert "moss-vl.openmoss.io/device" not in args["selector"], "both pools are workers"
+    assert args["service_discovery_namespace"] == NAMESPACE
+    assert args["service_discovery_port"] == 30000
+    assert args["port"] == 30000 and args["host"] == "0.0.0.0"
+    assert args["max_payload_size"] >= 32 * 1024 * 1024
+    assert args["api_key"] == "$(MOSS_VL_API_KEY)"
+    assert env_of(c)["MOSS_VL_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "key"
+
+
+def test_pod():
+    r = render("router.enabled=true")
+    spec = router(r)["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is True
+    assert spec["serviceAccountName"] == f"{RELEASE}-router"
+    c = container(spec, "router")
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/liveness"
+    assert c["image"] == "openmoss/moss-vl:0.1.0-cuda"
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {p["name"] for p in c["ports"]} == {"http", "metrics"}
+
+
+def test_image_follows_first_pool_or_override():
+    c = container(
+        router(render("router.enabled=true", "device=npu"))["spec"]["template"]["spec"], "router"
+    )
+    assert c["image"] == "openmoss/moss-vl:0.1.0-ascend"
+    c = container(
+        router(
+            render(
+                "router.enabled=true",
+                "router.image.repository=lmsysorg/sglang-router",
+                "router.image.tag=0.3.2",
+            )
+        )["spec"]["template"]["spec"],
+        "router",
+    )
+    assert c["image"] == "lmsysorg/sglang-router:0.3.2"
