@@ -157,28 +157,40 @@ def test_dense_attention_rejects_an_integer_mask():
 
 @pytest.mark.parametrize("seed", range(10))
 def test_segment_plan_covers_exactly_the_visible_pairs(seed):
-
-    spec = random_batch(seed, n=4, allow_no_vision=False)
+    spec = random_batch(seed, n=5)
+    extend = [r.extend_seq_len for r in spec.requests]
+    enc = torch.tensor([r.encoder_len for r in spec.requests])
     staircase = masks.build_staircase(mask_requests_of(spec), 2)
-    req_of_row = torch.repeat_interleave(
-        torch.arange(len(staircase.extend_seq_lens)), torch.tensor(staircase.extend_seq_lens)
-    )
-    enc_lens = torch.tensor(staircase.encoder_lens)
-    enc_indptr = torch.cat([torch.zeros(1, dtype=torch.long), enc_lens.cumsum(0)])
+    visible, req_of_row = staircase.batch_rows(extend)
+    enc_indptr = torch.cat([torch.zeros(1, dtype=torch.long), enc.cumsum(0)])
     slots = torch.randperm(int(enc_indptr[-1]) + 50)[: int(enc_indptr[-1])]
-    plan = masks.segment_plan(staircase.visible_kv_len, req_of_row, slots, enc_indptr)
+    plan = masks.segment_plan(visible, req_of_row, slots, enc_indptr)
+    # Segments tile all rows in order, as FlashInfer's qo_indptr must.
+    assert plan.qo_indptr[0] == 0 and plan.qo_indptr[-1] == sum(extend)
+    assert bool((plan.qo_indptr[1:] > plan.qo_indptr[:-1]).all())
     pairs = set()
     for s in range(plan.num_segments):
-        for qi in range(int(plan.qo_indptr[s]), int(plan.qo_indptr[s + 1])):
-            row = int(plan.segment_rows[qi])
+        for row in range(int(plan.qo_indptr[s]), int(plan.qo_indptr[s + 1])):
             for j in range(int(plan.kv_indptr[s]), int(plan.kv_indptr[s + 1])):
                 pairs.add((row, int(plan.kv_indices[j])))
     expected = set()
-    for row, (n, r) in enumerate(zip(staircase.visible_kv_len.tolist(), req_of_row.tolist())):
+    for row, (n, r) in enumerate(zip(visible.tolist(), req_of_row.tolist())):
         for j in range(n):
             expected.add((row, int(slots[enc_indptr[r] + j])))
     assert pairs == expected
-    assert sorted(plan.empty_rows.tolist()) == [
-        i for i, n in enumerate(staircase.visible_kv_len.tolist()) if n == 0
-    ]
+    assert plan.empty_rows.tolist() == [i for i, n in enumerate(visible.tolist()) if n == 0]
 
+
+def test_batch_rows_put_requests_without_encoder_at_zero():
+    counts = torch.tensor([0, 1, 2])
+    spec = BatchSpec([
+        RequestSpec(grid_thw=None, text_len=2, extend_prefix_len=0, has_mm_input=False),
+        RequestSpec(grid_thw=[(2, 2, 2)], text_len=3, extend_prefix_len=0,
+                    visible_frame_counts=counts, encoder_len=4),
+    ])
+    staircase = masks.build_staircase(mask_requests_of(spec), 2)
+    visible, req_of_row = staircase.batch_rows([2, 3])
+    assert visible.tolist() == [0, 0, 0, 2, 4]
+    assert req_of_row.tolist() == [0, 0, 1, 1, 1]
+    with pytest.raises(ValueError, match="request 1 has 2 new rows in the batch but 3"):
+        staircase.batch_rows([2, 2])

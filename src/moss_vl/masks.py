@@ -114,14 +114,16 @@ class Staircase:
     ``visible_kv_len`` concatenates the rows of the requests that have both new
     rows and encoder tokens, in batch order; ``extend_seq_lens`` and
     ``encoder_lens`` are those requests' block shapes (the packed mask's
-    blocks). ``needs_mask`` is False when no request carries frame metadata:
-    every row then sees its whole encoder and SGLang sends no mask.
+    blocks) and ``request_indices`` their places in the batch. ``needs_mask``
+    is False when no request carries frame metadata: every row then sees its
+    whole encoder and SGLang sends no mask.
     """
 
     visible_kv_len: torch.Tensor
     extend_seq_lens: tuple[int, ...]
     encoder_lens: tuple[int, ...]
     needs_mask: bool
+    request_indices: tuple[int, ...] = ()
 
     @property
     def num_rows(self) -> int:
@@ -143,7 +145,29 @@ class Staircase:
             self.extend_seq_lens,
             self.encoder_lens,
             self.needs_mask,
+            self.request_indices,
         )
+
+    def batch_rows(self, extend_seq_lens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``visible_kv_len`` and request index of every new row of the whole batch.
+
+        Rows of requests outside the staircase (no encoder tokens) see nothing.
+        """
+        extend = [int(x) for x in extend_seq_lens]
+        starts = [0]
+        for n in extend:
+            starts.append(starts[-1] + n)
+        visible = torch.zeros(starts[-1], dtype=torch.long, device=self.visible_kv_len.device)
+        offset = 0
+        for i, q_len in zip(self.request_indices, self.extend_seq_lens):
+            if extend[i] != q_len:
+                raise ValueError(
+                    f"request {i} has {extend[i]} new rows in the batch but {q_len} in the staircase"
+                )
+            visible[starts[i] : starts[i] + q_len] = self.visible_kv_len[offset : offset + q_len]
+            offset += q_len
+        request_of_row = torch.repeat_interleave(torch.arange(len(extend)), torch.tensor(extend))
+        return visible, request_of_row.to(visible.device)
 
 
 def build_staircase(requests: Sequence[MaskRequest], spatial_merge_size: int) -> Staircase:
@@ -151,11 +175,13 @@ def build_staircase(requests: Sequence[MaskRequest], spatial_merge_size: int) ->
     parts: list[torch.Tensor] = []
     extend_seq_lens: list[int] = []
     encoder_lens: list[int] = []
+    request_indices: list[int] = []
     needs_mask = False
-    for req in requests:
+    for index, req in enumerate(requests):
         q_len, kv_len = int(req.extend_seq_len), int(req.encoder_len)
         if q_len == 0 or kv_len == 0:
             continue
+        request_indices.append(index)
         extend_seq_lens.append(q_len)
         encoder_lens.append(kv_len)
         if req.has_frame_metadata:
@@ -175,7 +201,9 @@ def build_staircase(requests: Sequence[MaskRequest], spatial_merge_size: int) ->
     device = parts[0].device if parts else torch.device("cpu")
     parts = [p.to(device) for p in parts]
     visible = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
-    return Staircase(visible, tuple(extend_seq_lens), tuple(encoder_lens), needs_mask)
+    return Staircase(
+        visible, tuple(extend_seq_lens), tuple(encoder_lens), needs_mask, tuple(request_indices)
+    )
 
 
 def pack_staircase(staircase: Staircase, device=None) -> torch.Tensor:
@@ -185,15 +213,21 @@ def pack_staircase(staircase: Staircase, device=None) -> torch.Tensor:
         visible = visible.to(device, non_blocking=True)
     if not staircase.num_rows:
         return torch.zeros(0, dtype=torch.uint8, device=visible.device)
-    blocks = []
+    packed = torch.empty(staircase.num_elements, dtype=torch.uint8, device=visible.device)
+    # A bool view of the uint8 buffer: each comparison writes its 0/1 bytes in
+    # place, with no concatenation or dtype conversion pass afterwards.
+    as_bool = packed.view(torch.bool)
     columns = torch.arange(max(staircase.encoder_lens), device=visible.device)
+    offset = 0
     for rows, q_len, kv_len in zip(
         torch.split(visible, list(staircase.extend_seq_lens)),
         staircase.extend_seq_lens,
         staircase.encoder_lens,
     ):
-        blocks.append((columns[:kv_len].unsqueeze(0) < rows.unsqueeze(1)).reshape(-1))
-    return torch.cat(blocks).to(torch.uint8)
+        block = as_bool[offset : offset + q_len * kv_len].view(q_len, kv_len)
+        torch.lt(columns[:kv_len].unsqueeze(0), rows.unsqueeze(1), out=block)
+        offset += q_len * kv_len
+    return packed
 
 
 def build_cross_attention_custom_mask(
@@ -283,7 +317,7 @@ def staircase_from_packed(
 
 
 def _softcapped_attention(q, k, v, scale, logit_cap, attn_mask=None):
-    """Attention with tanh soft-capping; q (H, L, D), k/v (H, S, D) with H already expanded."""
+    """Attention with tanh soft-capping; q (Hkv, M, D), k/v (Hkv, S, D)."""
     weights = torch.matmul(q, k.transpose(-2, -1)) * scale
     weights = logit_cap * torch.tanh(weights / logit_cap)
     if attn_mask is not None:
@@ -291,25 +325,26 @@ def _softcapped_attention(q, k, v, scale, logit_cap, attn_mask=None):
     return torch.matmul(torch.softmax(weights, dim=-1), v)
 
 
-def _expand_kv(k: torch.Tensor, num_q_heads: int) -> torch.Tensor:
-    if k.shape[0] == num_q_heads:
-        return k
-    return k.repeat_interleave(num_q_heads // k.shape[0], dim=0)
-
-
 def _attend(q, k, v, scale, logit_cap, attn_mask=None):
-    """q (H, L, D), k/v (Hkv, S, D) -> (H, L, D); attn_mask bool (L, S), True = attend."""
+    """q (H, L, D), k/v (Hkv, S, D) -> (H, L, D); attn_mask bool (L, S), True = attend.
+
+    GQA is folded into the rows: the G query heads that share a KV head become
+    G x L rows against that head's keys, so K/V are never repeated per query
+    head and every matmul sees G times more rows (what makes short runs of
+    rows efficient on the staircase).
+    """
+    num_heads, num_rows, head_dim = q.shape
+    groups = num_heads // k.shape[0]
+    folded = q.reshape(k.shape[0], groups * num_rows, head_dim)
+    if attn_mask is not None and groups > 1:
+        attn_mask = attn_mask.repeat(groups, 1)
     if logit_cap > 0:
-        h = q.shape[0]
-        return _softcapped_attention(q, _expand_kv(k, h), _expand_kv(v, h), scale, logit_cap, attn_mask)
-    return torch.nn.functional.scaled_dot_product_attention(
-        q.unsqueeze(0),
-        k.unsqueeze(0),
-        v.unsqueeze(0),
-        attn_mask=attn_mask,
-        scale=scale,
-        enable_gqa=q.shape[0] != k.shape[0],
-    ).squeeze(0)
+        out = _softcapped_attention(folded, k, v, scale, logit_cap, attn_mask)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            folded.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=attn_mask, scale=scale
+        ).squeeze(0)
+    return out.view(num_heads, num_rows, v.shape[-1])
 
 
 def _check_heads(q, k):
@@ -403,19 +438,18 @@ def dense_masked_attention(
 class SegmentPlan:
     """The masked cross-attention problem as unmasked segments (FlashInfer paged layout).
 
-    One segment per run of rows (within one request) with equal, non-zero
-    ``visible_kv_len``. Segment s owns query rows
+    One segment per run of rows (within one request) with equal
+    ``visible_kv_len``; together they cover every row of the batch in order,
+    as FlashInfer's qo_indptr must. Segment s owns query rows
     ``[qo_indptr[s], qo_indptr[s + 1])`` and attends the KV slots
-    ``kv_indices[kv_indptr[s] : kv_indptr[s + 1]]`` (page size 1). Query rows
-    are the batch's packed rows; rows that see nothing are in no segment and
-    listed in ``empty_rows``. ``segment_rows`` maps the packed segment query
-    rows back to batch rows (identity when no row is empty).
+    ``kv_indices[kv_indptr[s] : kv_indptr[s + 1]]`` (page size 1). Runs of rows
+    that see nothing are segments with no KV; their rows are listed in
+    ``empty_rows`` and must be zeroed after the kernel.
     """
 
     qo_indptr: torch.Tensor
     kv_indptr: torch.Tensor
     kv_indices: torch.Tensor
-    segment_rows: torch.Tensor
     empty_rows: torch.Tensor
     num_rows: int
 
@@ -432,35 +466,30 @@ def segment_plan(
 ) -> SegmentPlan:
     """Segments of a batch's staircase, vectorised on the device of the inputs.
 
-    visible_kv_len: (R,) visible encoder prefix of each packed row.
-    request_of_row: (R,) index of the request each row belongs to (non-decreasing).
+    visible_kv_len: (R,) visible encoder prefix of every new row of the batch.
+    request_of_row: (R,) the request each row belongs to (non-decreasing).
     encoder_kv_indices / encoder_kv_indptr: KV-pool slots of each request's
     encoder, request i owning ``encoder_kv_indices[indptr[i]:indptr[i+1]]``.
+    One host sync: the total KV length sizes the index tensor.
     """
     device = visible_kv_len.device
     visible = visible_kv_len.to(torch.long)
     req = request_of_row.to(device=device, dtype=torch.long)
     num_rows = int(visible.numel())
-    rows = torch.arange(num_rows, device=device)
-    keep = visible > 0
-    empty_rows = rows[~keep]
-    seg_rows = rows[keep]
-    v = visible[keep]
-    r = req[keep]
-    if v.numel() == 0:
+    empty_rows = torch.nonzero(visible == 0).flatten()
+    if num_rows == 0:
         zero = torch.zeros(1, dtype=torch.int32, device=device)
-        return SegmentPlan(zero, zero.clone(), torch.zeros(0, dtype=torch.int32, device=device),
-                           seg_rows, empty_rows, num_rows)
-    # A new segment starts where the request or the visible length changes.
-    starts = torch.ones_like(v, dtype=torch.bool)
-    starts[1:] = (v[1:] != v[:-1]) | (r[1:] != r[:-1])
+        return SegmentPlan(zero, zero.clone(), zero[:0], empty_rows, 0)
+    # A segment starts where the request or the visible length changes.
+    starts = torch.ones(num_rows, dtype=torch.bool, device=device)
+    starts[1:] = (visible[1:] != visible[:-1]) | (req[1:] != req[:-1])
     seg_start = torch.nonzero(starts).flatten()
-    qo_indptr = torch.cat([seg_start, seg_start.new_tensor([v.numel()])])
-    seg_len = v[seg_start]
-    seg_req = r[seg_start]
+    qo_indptr = torch.cat([seg_start, seg_start.new_tensor([num_rows])])
+    seg_len = visible[seg_start]
+    seg_req = req[seg_start]
     kv_indptr = torch.cat([seg_len.new_zeros(1), torch.cumsum(seg_len, 0)])
     total = int(kv_indptr[-1].item())
-    # Slot j of segment s is encoder slot (enc_start[req_s] + j - kv_indptr[s]).
+    # Slot j of segment s is encoder slot enc_start[req_s] + (j - kv_indptr[s]).
     seg_of_slot = torch.repeat_interleave(
         torch.arange(seg_len.numel(), device=device), seg_len, output_size=total
     )
@@ -471,7 +500,6 @@ def segment_plan(
         qo_indptr.to(torch.int32),
         kv_indptr.to(torch.int32),
         kv_indices.to(torch.int32),
-        seg_rows,
         empty_rows,
         num_rows,
     )
