@@ -46,7 +46,8 @@ def test_entry_point_is_discovered_and_hooks_applied():
         SGLANG_PLUGINS="moss_vl",
     )
     assert "Loaded plugin moss_vl from group sglang.srt.plugins" in out
-    assert "registered 6 hooks for SGLang 0.5.23" in out
+    expected = len([h for h in all_hooks() if h.name != "ascend.forward_extend"])
+    assert f"registered {expected} hooks for SGLang 0.5.23" in out
     assert "ascend.forward_extend (needs torch_npu, sgl_kernel_npu)" in out
     assert out.count("Executed general plugin: moss_vl") == 1
     for hook in all_hooks():

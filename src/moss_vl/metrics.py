@@ -64,7 +64,8 @@ class _Metrics:
         )
         self.mask_path = Counter(
             "moss_vl:cross_attention_mask_path",
-            "Cross-attention layer calls with a mask, by backend path and plan. "
+            "Cross-attention masks applied, by backend path and plan: once per planned "
+            "batch on flashinfer, once per layer call on ascend_native. "
             'path="dropped": a mask was built but the backend did not apply it.',
             ["path", "plan"],
         )

@@ -55,6 +55,20 @@ patch_schedule_batch:
 ``sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_encoder_info_extend`` (after)
     Why: observability only: encoder-cache hits/misses and reused/computed tokens.
     Removal: when SGLang exports these itself.
+
+patch_flashinfer_backend (CUDA): the staircase plan for cross-attention prefill.
+``...flashinfer_backend.FlashInferIndicesUpdaterPrefill.update_cross_attention`` (around)
+    Why: upstream plans MOSS-VL cross-attention with FlashInfer's FA2 custom-mask
+        kernel: a q x kv mask bit-packed at every prefill, fully masked work done
+        anyway, no Hopper kernels.
+    How: wrapper 0 (self-attention) is planned as upstream; wrapper 1 is planned
+        with unmasked segments (moss_vl.masks.segment_plan) when the batch's
+        staircase is known; ``MOSS_VL_CROSS_ATTN_PLAN=mask`` keeps upstream's plan.
+``...FlashInferAttnBackend.init_forward_metadata`` (around)
+    Why/How: hands the batch's staircase to the planner, which gets no ForwardBatch.
+``...FlashInferAttnBackend.forward_extend`` (around)
+    Why/How: segments without KV leave their rows undefined; they are zeroed.
+    Removal (all three): when upstream plans cross-attention from a staircase.
 """
 
 from __future__ import annotations
@@ -75,6 +89,7 @@ HOOK_MODULES = (
     "moss_vl.hooks.patch_ascend_backend",
     "moss_vl.hooks.patch_moss_vl",
     "moss_vl.hooks.patch_schedule_batch",
+    "moss_vl.hooks.patch_flashinfer_backend",
 )
 
 

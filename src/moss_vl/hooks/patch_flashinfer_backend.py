@@ -1,0 +1,215 @@
+"""Patches on ``sglang.srt.layers.attention.flashinfer_backend``: the staircase plan.
+
+SGLang prefills MOSS-VL's cross-attention with FlashInfer's FA2 custom-mask
+kernel fed the packed q x kv mask. The mask is a staircase, so the same
+problem is a batch of unmasked segments — one per run of rows with equal
+``visible_kv_len``, each attending the first ``visible_kv_len`` encoder slots
+of its request — which FlashInfer's paged prefill takes with no mask, no
+bit-packing and no masked work. ``MOSS_VL_CROSS_ATTN_PLAN=mask`` keeps
+upstream's plan.
+
+Three symbols take part:
+- ``FlashInferAttnBackend.init_forward_metadata`` (around): makes the batch's
+  staircase (built by the MOSS-VL mask hook) visible to the planner, which is
+  called without the ForwardBatch;
+- ``FlashInferIndicesUpdaterPrefill.update_cross_attention`` (around): plans
+  wrapper 0 (self-attention) as upstream, then wrapper 1 (cross-attention)
+  with the segments;
+- ``FlashInferAttnBackend.forward_extend`` (around): zeroes the rows that see
+  nothing after a cross-attention layer planned with segments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from moss_vl import environ, masks, metrics
+from moss_vl.hooks import Hook
+
+logger = logging.getLogger("moss_vl")
+
+SGLANG_VERSIONS = ("0.5.23",)
+_MODULE = "sglang.srt.layers.attention.flashinfer_backend"
+
+
+@dataclass(frozen=True)
+class _BatchStaircase:
+    staircase: masks.Staircase
+    extend_seq_lens: tuple[int, ...]
+
+
+_current: contextvars.ContextVar[Optional[_BatchStaircase]] = contextvars.ContextVar(
+    "moss_vl_flashinfer_staircase", default=None
+)
+
+
+@contextlib.contextmanager
+def batch_staircase(forward_batch):
+    """Make the batch's staircase visible to the planner for the duration of the block."""
+    staircase = getattr(forward_batch, "moss_vl_staircase", None)
+    info = None
+    if staircase is not None and forward_batch.extend_seq_lens_cpu is not None:
+        info = _BatchStaircase(staircase, tuple(int(x) for x in forward_batch.extend_seq_lens_cpu))
+    token = _current.set(info)
+    try:
+        yield info
+    finally:
+        _current.reset(token)
+
+
+def init_forward_metadata(original, self, forward_batch):
+    self.moss_vl_empty_rows = None
+    with batch_staircase(forward_batch):
+        return original(self, forward_batch)
+
+
+def _staircase_applies(mask, spec_info, multi_item_params) -> Optional[_BatchStaircase]:
+    if mask is None or spec_info is not None:
+        return None
+    if multi_item_params is not None and multi_item_params.is_enabled():
+        return None
+    if environ.MOSS_VL_CROSS_ATTN_PLAN.get() != "staircase":
+        return None
+    info = _current.get()
+    if info is None or info.staircase.num_elements != mask.numel():
+        # A mask that did not come from the MOSS-VL builder: plan it as upstream does.
+        return None
+    return info
+
+
+def plan_segments(updater, wrapper, req_pool_indices, encoder_lens, info, fixed_split_size, plan):
+    """Plan ``wrapper`` with the staircase segments; returns the SegmentPlan."""
+    from sglang.srt.mem_cache.kv_loc_plan import IdSpaceKind
+
+    device = req_pool_indices.device
+    bs = int(encoder_lens.numel())
+    encoder_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=device)
+    encoder_indptr[1:] = torch.cumsum(encoder_lens, dim=0)
+    total_encoder = sum(info.staircase.encoder_lens) + 256  # upstream's slack
+    encoder_indices = torch.empty(total_encoder, dtype=torch.int32, device=device)
+    updater.attn_backend.kv_index_translator.pack_read_stream(
+        plan,
+        req_pool_indices=req_pool_indices,
+        seq_lens=encoder_lens,
+        indptr=encoder_indptr,
+        out=encoder_indices,
+        kv_start_idx=torch.zeros_like(encoder_lens),
+        kind=IdSpaceKind.FULL,
+    )
+    visible, request_of_row = info.staircase.batch_rows(info.extend_seq_lens)
+    segments = masks.segment_plan(
+        visible.to(device, non_blocking=True),
+        request_of_row.to(device, non_blocking=True),
+        encoder_indices,
+        encoder_indptr,
+    )
+    wrapper.begin_forward(
+        segments.qo_indptr,
+        segments.kv_indptr,
+        segments.kv_indices,
+        torch.ones(segments.num_segments, dtype=torch.int32, device=device),
+        updater.num_qo_heads,
+        updater.num_kv_heads,
+        updater.head_dim,
+        1,
+        q_data_type=updater.q_data_type,
+        kv_data_type=updater.data_type,
+        custom_mask=None,
+        non_blocking=True,
+        fixed_split_size=fixed_split_size,
+    )
+    return segments
+
+
+def update_cross_attention(
+    original,
+    self,
+    req_pool_indices,
+    seq_lens,
+    seq_lens_cpu,
+    seq_lens_sum,
+    prefix_lens,
+    prefill_wrappers,
+    use_ragged,
+    encoder_lens,
+    spec_info,
+    fixed_split_size=None,
+    multi_item_params=None,
+    cross_attention_custom_mask=None,
+    extend_prefix_lens_cpu=None,
+    custom_kv_indices=None,
+    *,
+    plan,
+):
+    args = (req_pool_indices, seq_lens, seq_lens_cpu, seq_lens_sum, prefix_lens,
+            prefill_wrappers, use_ragged, encoder_lens, spec_info)
+    kwargs = {"fixed_split_size": fixed_split_size, "multi_item_params": multi_item_params,
+              "extend_prefix_lens_cpu": extend_prefix_lens_cpu,
+              "custom_kv_indices": custom_kv_indices, "plan": plan}
+    mask = cross_attention_custom_mask
+    info = _staircase_applies(mask, spec_info, multi_item_params)
+    if info is None:
+        result = original(self, *args, cross_attention_custom_mask=mask, **kwargs)
+        if mask is not None:
+            metrics.count_mask_path("flashinfer", "mask")
+        return result
+    # Wrapper 0 exactly as upstream; wrapper 1 is planned there without the
+    # mask and re-planned here with the segments.
+    result = original(self, *args, cross_attention_custom_mask=None, **kwargs)
+    segments = plan_segments(
+        self, prefill_wrappers[1], req_pool_indices, encoder_lens, info, fixed_split_size, plan
+    )
+    self.attn_backend.moss_vl_empty_rows = segments.empty_rows
+    metrics.count_mask_path("flashinfer", "staircase")
+    return result
+
+
+def forward_extend(original, self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+    out = original(self, q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+    empty_rows = getattr(self, "moss_vl_empty_rows", None)
+    if empty_rows is not None and empty_rows.numel() and layer.is_cross_attention:
+        # index_fill_, not a multiply: a row without KV may hold anything, NaN included.
+        out.view(out.shape[0], -1).index_fill_(0, empty_rows, 0)
+    return out
+
+
+TARGETS = [
+    Hook(
+        name="flashinfer.init_forward_metadata",
+        target=f"{_MODULE}.FlashInferAttnBackend.init_forward_metadata",
+        kind="around",
+        func=init_forward_metadata,
+        sglang_versions=SGLANG_VERSIONS,
+        signature=("self", "forward_batch"),
+        requires=("flashinfer",),
+    ),
+    Hook(
+        name="flashinfer.update_cross_attention",
+        target=f"{_MODULE}.FlashInferIndicesUpdaterPrefill.update_cross_attention",
+        kind="around",
+        func=update_cross_attention,
+        sglang_versions=SGLANG_VERSIONS,
+        signature=(
+            "self", "req_pool_indices", "seq_lens", "seq_lens_cpu", "seq_lens_sum",
+            "prefix_lens", "prefill_wrappers", "use_ragged", "encoder_lens", "spec_info",
+            "fixed_split_size", "multi_item_params", "cross_attention_custom_mask",
+            "extend_prefix_lens_cpu", "custom_kv_indices", "plan",
+        ),
+        requires=("flashinfer",),
+    ),
+    Hook(
+        name="flashinfer.forward_extend",
+        target=f"{_MODULE}.FlashInferAttnBackend.forward_extend",
+        kind="around",
+        func=forward_extend,
+        sglang_versions=SGLANG_VERSIONS,
+        signature=("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache"),
+        requires=("flashinfer",),
+    ),
+]

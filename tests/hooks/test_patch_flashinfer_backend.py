@@ -1,0 +1,188 @@
+"""The FlashInfer staircase plan's glue, on CPU, around SGLang's real planner.
+
+Contract: with ``MOSS_VL_CROSS_ATTN_PLAN=staircase`` the hooked
+``FlashInferIndicesUpdaterPrefill.update_cross_attention`` plans wrapper 0
+exactly as upstream and wrapper 1 with unmasked segments that tile every
+query row and attend exactly the visible (row, encoder slot) pairs; with
+``mask`` (or a mask that did not come from the MOSS-VL builder) wrapper 1 gets
+upstream's custom-mask plan; after a cross-attention layer planned with
+segments, rows that see nothing are zeroed. The numerics run on the GPU
+(tests/gpu). Stand-ins: the FlashInfer wrappers record their plan; the KV
+index translator fills indices from req_to_token as its Triton kernel does.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from attention_cases import make_case
+from moss_vl.hooks import patch_flashinfer_backend
+from sglang_batches import BatchSpec, RequestSpec, forward_batch_of
+
+
+class RecordingWrapper:
+    is_cuda_graph_enabled = False
+    _custom_mask_buf = None
+
+    def __init__(self):
+        self.plans = []
+
+    def begin_forward(self, qo_indptr, kv_indptr, kv_indices, last_page_len, *args, **kwargs):
+        self.plans.append(SimpleNamespace(
+            qo_indptr=qo_indptr.clone(), kv_indptr=kv_indptr.clone(),
+            kv_indices=kv_indices[: int(kv_indptr[-1])].clone(),
+            custom_mask=kwargs.get("custom_mask"), args=args,
+        ))
+
+
+class ReqToTokenTranslator:
+    """What create_flashinfer_kv_indices_triton writes, for a plain (untranslated) pool."""
+
+    reads_are_translated = False
+
+    def __init__(self, req_to_token):
+        self.req_to_token = req_to_token
+
+    def pack_read_stream(self, plan, *, req_pool_indices, seq_lens, indptr, out,
+                         kv_start_idx=None, kind=None, **_):
+        for i, (row, n) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
+            start = int(kv_start_idx[i]) if kv_start_idx is not None else 0
+            out[int(indptr[i]) : int(indptr[i]) + n] = self.req_to_token[row, start : start + n]
+        return True
+
+
+def a_batch():
+    spec = BatchSpec([
+        RequestSpec(grid_thw=[(3, 4, 4)], text_len=7, extend_prefix_len=2,
+                    visible_frame_counts=torch.tensor([0, 1, 1, 1, 2, 2, 3]), encoder_len=15),
+        RequestSpec(grid_thw=None, text_len=3, extend_prefix_len=0, has_mm_input=False),
+        RequestSpec(grid_thw=[(2, 2, 2)], text_len=4, extend_prefix_len=0,
+                    visible_frame_counts=torch.tensor([0, 0, 1, 2]), encoder_len=4),
+    ])
+    case = make_case(spec, heads=(8, 2), seed=11)
+    fb = forward_batch_of(spec)
+    fb.req_pool_indices = case.req_pool_indices
+    from sglang.srt.models.moss_vl import MossVLForConditionalGeneration
+
+    fb.cross_attention_custom_mask = MossVLForConditionalGeneration._build_cross_attention_custom_mask(
+        SimpleNamespace(spatial_merge_size=2), fb)
+    return case, fb
+
+
+def make_updater(case, bs):
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferIndicesUpdaterPrefill
+
+    updater = object.__new__(FlashInferIndicesUpdaterPrefill)
+    updater.__dict__.update(
+        num_qo_heads=8, num_kv_heads=2, head_dim=16, data_type=torch.bfloat16,
+        q_data_type=torch.bfloat16, sliding_window_size=None,
+        kv_indptr=[torch.zeros(bs + 1, dtype=torch.int32) for _ in range(2)],
+        qo_indptr=[torch.zeros(bs + 1, dtype=torch.int32) for _ in range(2)],
+        kv_last_page_len=torch.ones(bs, dtype=torch.int32), _swa_kv_pool=None,
+        prefill_wrapper_ragged=RecordingWrapper(),
+        attn_backend=SimpleNamespace(kv_index_translator=ReqToTokenTranslator(case.req_to_token),
+                                     dq_paged_kernel_lens=None, moss_vl_empty_rows=None),
+    )
+    return updater
+
+
+def plan_batch(case, fb):
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferIndicesUpdaterPrefill
+
+    bs = fb.batch_size
+    updater = make_updater(case, bs)
+    wrappers = [RecordingWrapper(), RecordingWrapper()]
+    with patch_flashinfer_backend.batch_staircase(fb):
+        FlashInferIndicesUpdaterPrefill.update_cross_attention(
+            updater, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu, fb.seq_lens_sum,
+            fb.extend_prefix_lens, wrappers, False, fb.encoder_lens, None,
+            cross_attention_custom_mask=fb.cross_attention_custom_mask,
+            extend_prefix_lens_cpu=fb.extend_prefix_lens_cpu, plan=None,
+        )
+    return updater, wrappers
+
+
+def visible_pairs(case, fb):
+    pairs = set()
+    row = 0
+    from attention_cases import reference_allowed
+
+    for i, req in enumerate(case.spec.requests):
+        allowed = reference_allowed(req) if req.encoder_len else torch.zeros(req.extend_seq_len, 0)
+        slots = case.req_to_token[int(case.req_pool_indices[i]), : req.encoder_len]
+        for r in range(req.extend_seq_len):
+            for j in allowed[r].nonzero().flatten().tolist():
+                pairs.add((row + r, int(slots[j])))
+        row += req.extend_seq_len
+    return pairs
+
+
+def test_staircase_plan_tiles_rows_and_covers_exactly_the_visible_pairs(plugin_loaded, monkeypatch):
+    monkeypatch.setenv("MOSS_VL_CROSS_ATTN_PLAN", "staircase")
+    case, fb = a_batch()
+    updater, (w0, w1) = plan_batch(case, fb)
+    plan = w1.plans[-1]
+    assert plan.custom_mask is None
+    assert int(plan.qo_indptr[0]) == 0 and int(plan.qo_indptr[-1]) == sum(fb.extend_seq_lens_cpu)
+    got = set()
+    for s in range(plan.qo_indptr.numel() - 1):
+        for r in range(int(plan.qo_indptr[s]), int(plan.qo_indptr[s + 1])):
+            for j in range(int(plan.kv_indptr[s]), int(plan.kv_indptr[s + 1])):
+                got.add((r, int(plan.kv_indices[j])))
+    assert got == visible_pairs(case, fb)
+    # request 0's new rows (text 2..6) all see a frame; request 1 (rows 5-7) has no
+    # encoder; request 2's first two rows (8, 9) see none yet.
+    assert updater.attn_backend.moss_vl_empty_rows.tolist() == [5, 6, 7, 8, 9]
+
+
+def test_wrapper0_is_planned_as_upstream(plugin_loaded, monkeypatch):
+    case, fb = a_batch()
+    monkeypatch.setenv("MOSS_VL_CROSS_ATTN_PLAN", "mask")
+    _, (mask_w0, mask_w1) = plan_batch(case, fb)
+    monkeypatch.setenv("MOSS_VL_CROSS_ATTN_PLAN", "staircase")
+    _, (stair_w0, _) = plan_batch(case, fb)
+    a, b = mask_w0.plans[-1], stair_w0.plans[-1]
+    for field in ("qo_indptr", "kv_indptr", "kv_indices"):
+        assert torch.equal(getattr(a, field), getattr(b, field))
+    assert a.custom_mask is None and b.custom_mask is None
+
+
+def test_mask_plan_keeps_upstreams_custom_mask(plugin_loaded, monkeypatch):
+    monkeypatch.setenv("MOSS_VL_CROSS_ATTN_PLAN", "mask")
+    case, fb = a_batch()
+    updater, (_, w1) = plan_batch(case, fb)
+    assert w1.plans[-1].custom_mask is fb.cross_attention_custom_mask
+    assert updater.attn_backend.moss_vl_empty_rows is None
+
+
+def test_a_mask_of_unknown_origin_is_planned_as_upstream(plugin_loaded, monkeypatch):
+    monkeypatch.setenv("MOSS_VL_CROSS_ATTN_PLAN", "staircase")
+    case, fb = a_batch()
+    fb.moss_vl_staircase = None
+    _, (_, w1) = plan_batch(case, fb)
+    assert w1.plans[-1].custom_mask is fb.cross_attention_custom_mask
+
+
+def test_empty_rows_are_zeroed_after_cross_attention_only():
+    backend = SimpleNamespace(moss_vl_empty_rows=torch.tensor([0, 2]))
+    cross = SimpleNamespace(is_cross_attention=True)
+    selfattn = SimpleNamespace(is_cross_attention=False)
+
+    def original(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        return torch.full((4, 6), float("nan"))
+
+    out = patch_flashinfer_backend.forward_extend(original, backend, None, None, None, cross, None)
+    assert torch.count_nonzero(out[[0, 2]]) == 0 and torch.isnan(out[[1, 3]]).all()
+    out = patch_flashinfer_backend.forward_extend(original, backend, None, None, None, selfattn, None)
+    assert torch.isnan(out).all()
+
+
+def test_unknown_plan_value_is_refused(monkeypatch):
+    from moss_vl import environ
+
+    monkeypatch.setenv("MOSS_VL_CROSS_ATTN_PLAN", "segments")
+    with pytest.raises(ValueError, match="MOSS_VL_CROSS_ATTN_PLAN='segments': expected one of staircase, mask"):
+        environ.MOSS_VL_CROSS_ATTN_PLAN.get()
