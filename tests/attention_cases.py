@@ -89,8 +89,8 @@ class AttnCase:
         for i, req in enumerate(self.spec.requests):
             if req.extend_seq_len == 0 or req.encoder_len == 0:
                 continue
-            q = self.query[self.rows(i)].movedim(0, 1)
-            k, v = self.kv_of(i, 0, req.encoder_len)
+            q = self.query[self.rows(i)].movedim(0, 1).cpu()
+            k, v = (t.cpu() for t in self.kv_of(i, 0, req.encoder_len))
             allowed = reference_allowed(req) if self.mask is not None else torch.ones(
                 req.extend_seq_len, req.encoder_len, dtype=torch.bool)
             out[self.rows(i)] = reference_attention(q, k, v, allowed, self.scale, cap).movedim(0, 1)
@@ -99,9 +99,9 @@ class AttnCase:
     def reference_self(self, cap=0.0):
         out = torch.zeros(self.query.shape, dtype=torch.float64)
         for i, req in enumerate(self.spec.requests):
-            q = self.query[self.rows(i)].movedim(0, 1)
+            q = self.query[self.rows(i)].movedim(0, 1).cpu()
             e, s, p = req.encoder_len, req.text_len, req.extend_prefix_len
-            k, v = self.kv_of(i, e, e + s)
+            k, v = (t.cpu() for t in self.kv_of(i, e, e + s))
             allowed = torch.zeros(req.extend_seq_len, s, dtype=torch.bool)
             for r in range(req.extend_seq_len):
                 allowed[r, : p + r + 1] = True
