@@ -12,12 +12,22 @@ SHELL := /bin/bash
 PYTHON          ?= python3
 SGLANG_VERSION  := 0.5.23
 TORCH_VERSION   := 2.14.1
+# The older generation the plugin also supports (torch 2.11 stacks, Ascend's
+# torch-npu 2.11 line); its torch comes from PyPI.
+SGLANG_COMPAT_VERSION := 0.5.17
+TORCH_COMPAT_VERSION  := 2.11.0
+PYTEST_VERSION        := 9.2.0
+PYTEST_TIMEOUT_VERSION := 2.4.0
 
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 VPIP    := $(VPY) -m pip
 TOOLS   := .tools
 STAMP   := $(VENV)/.installed-$(SGLANG_VERSION)
+VENV_COMPAT  := .venv-sglang-$(SGLANG_COMPAT_VERSION)
+COMPAT_STAMP := $(VENV_COMPAT)/.installed
+# The plugin's CPU tests, run a second time against SGLang $(SGLANG_COMPAT_VERSION).
+COMPAT_TESTS := tests/test_masks.py tests/test_plugin.py tests/test_metrics.py tests/compat tests/hooks
 
 # Targets appended by the included fragments (chart, images, loadtest, ...).
 TEST_PREREQS :=
@@ -25,7 +35,7 @@ PYTEST_ARGS  ?=
 
 include $(wildcard mk/*.mk)
 
-.PHONY: help install test lint bench clean
+.PHONY: help install install-compat test test-compat lint bench clean
 
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST) | sort
@@ -41,8 +51,24 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv/ with moss-vl, SGLang $(SGLANG_VERSION) and the test tools
 
-test: $(STAMP) $(TEST_PREREQS) ## Run the CPU test suite (what CI runs)
+$(COMPAT_STAMP): pyproject.toml
+	test -x $(VENV_COMPAT)/bin/python || $(PYTHON) -m venv $(VENV_COMPAT)
+	$(VENV_COMPAT)/bin/python -m pip install -q --upgrade "pip>=24"
+	$(VENV_COMPAT)/bin/python -m pip install -q "torch==$(TORCH_COMPAT_VERSION)" \
+	  "sglang==$(SGLANG_COMPAT_VERSION)" "pytest==$(PYTEST_VERSION)" \
+	  "pytest-timeout==$(PYTEST_TIMEOUT_VERSION)"
+	# --no-deps: the package's pins are for $(SGLANG_VERSION); here SGLang's own set rules.
+	$(VENV_COMPAT)/bin/python -m pip install -q --no-deps -e .
+	touch $@
+
+install-compat: $(COMPAT_STAMP) ## Create $(VENV_COMPAT)/ (SGLang $(SGLANG_COMPAT_VERSION)) for the compatibility tests
+
+test: $(STAMP) $(COMPAT_STAMP) $(TEST_PREREQS) ## Run the CPU test suite (what CI runs), then the plugin's tests on SGLang $(SGLANG_COMPAT_VERSION)
 	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(VPY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-compat
+
+test-compat: $(COMPAT_STAMP) ## Run the plugin's CPU tests against SGLang $(SGLANG_COMPAT_VERSION)
+	$(VENV_COMPAT)/bin/python -m pytest $(COMPAT_TESTS)
 
 lint: $(STAMP) ## Lint the Python code
 	$(VPY) -m ruff check src tests benchmarks loadtest

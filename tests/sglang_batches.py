@@ -76,7 +76,11 @@ def random_batch(seed: int, n: int = 4, **kw) -> BatchSpec:
 
 def mm_inputs_of(req: RequestSpec):
     from sglang.srt.managers.schedule_batch import MultimodalDataItem, MultimodalInputs
-    from sglang.srt.multimodal.modality import Modality
+
+    try:
+        from sglang.srt.multimodal.modality import Modality
+    except ImportError:  # SGLang 0.5.17
+        from sglang.srt.managers.schedule_batch import Modality
 
     if not req.has_mm_input:
         return None

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from moss_vl.hooks import patch_schedule_batch
+from moss_vl.hooks.patch_schedule_batch import matched_prefix_len
 
 PAD = 987654  # the image's pad value: the encoder span in the token ids
 
@@ -55,8 +56,8 @@ def test_partial_encoder_match_is_dropped(plugin_loaded, cache_with_first_reques
     before = _prefix_drops()
     req = make_req("b", 10, [7, 8, 9, 10, 11])  # same image, other text
     req.init_next_round_input(cache_with_first_request)
-    assert req.prefix_len == 0
-    assert req.kv.cache_protected_len == 0
+    assert matched_prefix_len(req) == 0
+    assert cache_protected_len(req) == 0
     assert _prefix_drops() == before + 1
     assert metrics.get() is not None
 
@@ -67,13 +68,18 @@ def test_upstream_keeps_the_partial_match(cache_with_first_request):
     upstream = inspect.unwrap(Req.init_next_round_input)
     req = make_req("c", 10, [7, 8, 9, 10, 11])
     upstream(req, cache_with_first_request)
-    assert 0 < req.prefix_len < 10  # page-aligned: 8 of the encoder's 10 tokens
+    assert 0 < matched_prefix_len(req) < 10  # page-aligned: 8 of the encoder's 10 tokens
 
 
 def test_match_covering_the_whole_encoder_is_kept(plugin_loaded, cache_with_first_request):
     req = make_req("d", 10, [1, 2, 3, 4, 5, 6, 7])
     req.init_next_round_input(cache_with_first_request)
-    assert req.prefix_len >= 10
+    assert matched_prefix_len(req) >= 10
+
+
+def cache_protected_len(req):
+    kv = getattr(req, "kv", None)  # 0.5.23 keeps it in ReqKvInfo, 0.5.17 on the Req
+    return kv.cache_protected_len if kv is not None else req.cache_protected_len
 
 
 def _prefix_drops():

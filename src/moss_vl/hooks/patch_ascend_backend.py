@@ -17,7 +17,7 @@ from moss_vl.hooks.patch_ascend_torch_native_backend import (
 
 logger = logging.getLogger("moss_vl")
 
-SGLANG_VERSIONS = ("0.5.23",)
+SGLANG_VERSIONS = ("0.5.17", "0.5.23")
 TARGET = "sglang.srt.hardware_backend.npu.attention.ascend_backend.AscendAttnBackend.forward_extend"
 
 

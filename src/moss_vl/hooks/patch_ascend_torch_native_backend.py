@@ -17,7 +17,7 @@ import torch
 from moss_vl import masks, metrics
 from moss_vl.hooks import Hook
 
-SGLANG_VERSIONS = ("0.5.23",)
+SGLANG_VERSIONS = ("0.5.17", "0.5.23")
 TARGET = (
     "sglang.srt.hardware_backend.npu.attention.ascend_torch_native_backend."
     "AscendTorchNativeAttnBackend.run_sdpa_forward_extend"

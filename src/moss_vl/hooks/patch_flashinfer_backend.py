@@ -25,7 +25,6 @@ import contextlib
 import contextvars
 import logging
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -34,7 +33,7 @@ from moss_vl.hooks import Hook
 
 logger = logging.getLogger("moss_vl")
 
-SGLANG_VERSIONS = ("0.5.23",)
+SGLANG_VERSIONS = ("0.5.17", "0.5.23")
 _MODULE = "sglang.srt.layers.attention.flashinfer_backend"
 
 
@@ -44,7 +43,7 @@ class _BatchStaircase:
     extend_seq_lens: tuple[int, ...]
 
 
-_current: contextvars.ContextVar[Optional[_BatchStaircase]] = contextvars.ContextVar(
+_current: contextvars.ContextVar[_BatchStaircase | None] = contextvars.ContextVar(
     "moss_vl_flashinfer_staircase", default=None
 )
 
@@ -69,7 +68,7 @@ def init_forward_metadata(original, self, forward_batch):
         return original(self, forward_batch)
 
 
-def _staircase_applies(mask, spec_info, multi_item_params) -> Optional[_BatchStaircase]:
+def _staircase_applies(mask, spec_info, multi_item_params) -> _BatchStaircase | None:
     if mask is None or spec_info is not None:
         return None
     if multi_item_params is not None and multi_item_params.is_enabled():
@@ -83,24 +82,46 @@ def _staircase_applies(mask, spec_info, multi_item_params) -> Optional[_BatchSta
     return info
 
 
+def encoder_kv_indices(updater, req_pool_indices, encoder_lens, encoder_indptr, total, plan):
+    """KV-pool slots of every request's encoder, packed as FlashInfer reads them.
+
+    0.5.23 reads through the KV index translator with the batch's KVLocPlan
+    (what upstream's own cross-attention plan does); 0.5.17 has neither and
+    reads ``req_to_token`` directly, as its Triton index kernel does.
+    """
+    device = req_pool_indices.device
+    out = torch.empty(total + 256, dtype=torch.int32, device=device)  # upstream's slack
+    translator = getattr(updater.attn_backend, "kv_index_translator", None)
+    if translator is not None:
+        from sglang.srt.mem_cache.kv_loc_plan import IdSpaceKind
+
+        translator.pack_read_stream(
+            plan,
+            req_pool_indices=req_pool_indices,
+            seq_lens=encoder_lens,
+            indptr=encoder_indptr,
+            out=out,
+            kv_start_idx=torch.zeros_like(encoder_lens),
+            kind=IdSpaceKind.FULL,
+        )
+        return out
+    lens = encoder_lens.to(torch.long)
+    rows = torch.repeat_interleave(req_pool_indices.to(torch.long), lens, output_size=total)
+    starts = torch.repeat_interleave(encoder_indptr[:-1].to(torch.long), lens, output_size=total)
+    columns = torch.arange(total, device=device) - starts
+    out[:total] = updater.req_to_token[rows, columns]
+    return out
+
+
 def plan_segments(updater, wrapper, req_pool_indices, encoder_lens, info, fixed_split_size, plan):
     """Plan ``wrapper`` with the staircase segments; returns the SegmentPlan."""
-    from sglang.srt.mem_cache.kv_loc_plan import IdSpaceKind
-
     device = req_pool_indices.device
     bs = int(encoder_lens.numel())
     encoder_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=device)
     encoder_indptr[1:] = torch.cumsum(encoder_lens, dim=0)
-    total_encoder = sum(info.staircase.encoder_lens) + 256  # upstream's slack
-    encoder_indices = torch.empty(total_encoder, dtype=torch.int32, device=device)
-    updater.attn_backend.kv_index_translator.pack_read_stream(
-        plan,
-        req_pool_indices=req_pool_indices,
-        seq_lens=encoder_lens,
-        indptr=encoder_indptr,
-        out=encoder_indices,
-        kv_start_idx=torch.zeros_like(encoder_lens),
-        kind=IdSpaceKind.FULL,
+    encoder_indices = encoder_kv_indices(
+        updater, req_pool_indices, encoder_lens, encoder_indptr,
+        sum(info.staircase.encoder_lens), plan,
     )
     visible, request_of_row = info.staircase.batch_rows(info.extend_seq_lens)
     segments = masks.segment_plan(
@@ -127,6 +148,9 @@ def plan_segments(updater, wrapper, req_pool_indices, encoder_lens, info, fixed_
     return segments
 
 
+_NOT_GIVEN = object()
+
+
 def update_cross_attention(
     original,
     self,
@@ -145,13 +169,17 @@ def update_cross_attention(
     extend_prefix_lens_cpu=None,
     custom_kv_indices=None,
     *,
-    plan,
+    plan=_NOT_GIVEN,
 ):
+    """Around upstream's cross-attention planner. ``plan`` (the batch's
+    KVLocPlan) exists from 0.5.23 on; 0.5.17 has no such argument."""
     args = (req_pool_indices, seq_lens, seq_lens_cpu, seq_lens_sum, prefix_lens,
             prefill_wrappers, use_ragged, encoder_lens, spec_info)
     kwargs = {"fixed_split_size": fixed_split_size, "multi_item_params": multi_item_params,
               "extend_prefix_lens_cpu": extend_prefix_lens_cpu,
-              "custom_kv_indices": custom_kv_indices, "plan": plan}
+              "custom_kv_indices": custom_kv_indices}
+    if plan is not _NOT_GIVEN:
+        kwargs["plan"] = plan
     mask = cross_attention_custom_mask
     info = _staircase_applies(mask, spec_info, multi_item_params)
     if info is None:
@@ -163,7 +191,8 @@ def update_cross_attention(
     # mask and re-planned here with the segments.
     result = original(self, *args, cross_attention_custom_mask=None, **kwargs)
     segments = plan_segments(
-        self, prefill_wrappers[1], req_pool_indices, encoder_lens, info, fixed_split_size, plan
+        self, prefill_wrappers[1], req_pool_indices, encoder_lens, info, fixed_split_size,
+        None if plan is _NOT_GIVEN else plan,
     )
     self.attn_backend.moss_vl_empty_rows = segments.empty_rows
     metrics.count_mask_path("flashinfer", "staircase")
@@ -178,6 +207,13 @@ def forward_extend(original, self, q, k, v, layer, forward_batch, save_kv_cache=
         out.view(out.shape[0], -1).index_fill_(0, empty_rows, 0)
     return out
 
+
+_UPDATE_SIGNATURE = (
+    "self", "req_pool_indices", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "prefix_lens",
+    "prefill_wrappers", "use_ragged", "encoder_lens", "spec_info", "fixed_split_size",
+    "multi_item_params", "cross_attention_custom_mask", "extend_prefix_lens_cpu",
+    "custom_kv_indices",
+)
 
 TARGETS = [
     Hook(
@@ -194,13 +230,17 @@ TARGETS = [
         target=f"{_MODULE}.FlashInferIndicesUpdaterPrefill.update_cross_attention",
         kind="around",
         func=update_cross_attention,
-        sglang_versions=SGLANG_VERSIONS,
-        signature=(
-            "self", "req_pool_indices", "seq_lens", "seq_lens_cpu", "seq_lens_sum",
-            "prefix_lens", "prefill_wrappers", "use_ragged", "encoder_lens", "spec_info",
-            "fixed_split_size", "multi_item_params", "cross_attention_custom_mask",
-            "extend_prefix_lens_cpu", "custom_kv_indices", "plan",
-        ),
+        sglang_versions=("0.5.23",),
+        signature=_UPDATE_SIGNATURE + ("plan",),
+        requires=("flashinfer",),
+    ),
+    Hook(
+        name="flashinfer.update_cross_attention",
+        target=f"{_MODULE}.FlashInferIndicesUpdaterPrefill.update_cross_attention",
+        kind="around",
+        func=update_cross_attention,
+        sglang_versions=("0.5.17",),
+        signature=_UPDATE_SIGNATURE,
         requires=("flashinfer",),
     ),
     Hook(

@@ -9,7 +9,7 @@ import torch
 from moss_vl import masks, metrics
 from moss_vl.hooks import Hook
 
-SGLANG_VERSIONS = ("0.5.23",)
+SGLANG_VERSIONS = ("0.5.17", "0.5.23")
 _CLASS = "sglang.srt.models.moss_vl.MossVLForConditionalGeneration"
 
 

@@ -9,13 +9,48 @@ from moss_vl.hooks import Hook
 
 logger = logging.getLogger("moss_vl")
 
-SGLANG_VERSIONS = ("0.5.23",)
+SGLANG_VERSIONS = ("0.5.17", "0.5.23")
 TARGET = "sglang.srt.arg_groups.overrides.collect_model_override_declarations"
 MOSS_VL_ARCH = "MossVLForConditionalGeneration"
 SOURCE = "moss_vl.hooks.patch_overrides.ascend_declaration"
 
 # The upstream provider that asserts flashinfer prefill for MOSS-VL.
 UPSTREAM_PROVIDER = "_moss_vl_overrides"
+
+
+def _attention_state(server_args: Any) -> tuple[str, bool, Any]:
+    """(device, attention backends all unset, prefill backend) as resolution sees them.
+
+    0.5.23 reads through resolution views; 0.5.17's ServerArgs answers itself.
+    """
+    try:
+        from sglang.srt.arg_groups.model_override_base import (
+            attention_backends_of,
+            is_attention_backend_not_set,
+            resolved_view,
+            resolving_view,
+        )
+    except ImportError:  # 0.5.17
+        return (
+            server_args.device,
+            server_args.is_attention_backend_not_set(),
+            server_args.get_attention_backends()[0],
+        )
+    view = resolving_view(server_args)
+    return (
+        view.device,
+        is_attention_backend_not_set(view),
+        attention_backends_of(resolved_view(server_args))[0],
+    )
+
+
+def _override_registry() -> dict:
+    """The dict that maps architectures to their override providers."""
+    try:
+        from sglang.srt.arg_groups import model_override_base as registry
+    except ImportError:  # 0.5.17 keeps it in overrides itself
+        from sglang.srt.arg_groups import overrides as registry
+    return registry._MODEL_OVERRIDE_FNS
 
 
 def ascend_declaration(server_args: Any) -> dict:
@@ -26,18 +61,11 @@ def ascend_declaration(server_args: Any) -> dict:
     Radix cache off: with paged KV (page 128) it keeps finished requests'
     vision pages and makes T=0 decoding non-deterministic.
     """
-    from sglang.srt.arg_groups.model_override_base import (
-        attention_backends_of,
-        is_attention_backend_not_set,
-        resolved_view,
-        resolving_view,
-    )
-
+    _device, backends_unset, prefill = _attention_state(server_args)
     declared: dict = {}
-    if is_attention_backend_not_set(resolving_view(server_args)):
+    if backends_unset:
         declared["attention_backend"] = "ascend"
     else:
-        prefill, _decode = attention_backends_of(resolved_view(server_args))
         if prefill != "ascend":
             raise ValueError(
                 f"MOSS-VL on npu needs the ascend prefill attention backend to apply its "
@@ -49,24 +77,22 @@ def ascend_declaration(server_args: Any) -> dict:
 
 
 def collect_model_override_declarations(original, architecture, server_args, hf_config):
-    from sglang.srt.arg_groups import model_override_base as base
-    from sglang.srt.arg_groups.model_override_base import resolving_view
-
-    if architecture != MOSS_VL_ARCH or resolving_view(server_args).device != "npu":
+    if architecture != MOSS_VL_ARCH or _attention_state(server_args)[0] != "npu":
         return original(architecture, server_args, hf_config)
 
-    providers = base._MODEL_OVERRIDE_FNS.get(architecture)
+    registry = _override_registry()
+    providers = registry.get(architecture)
     if providers is not None:
         # Collect with upstream's flashinfer-only provider left out, then put
         # the registry back as it was: it is shared, process-wide state.
-        base._MODEL_OVERRIDE_FNS[architecture] = [
+        registry[architecture] = [
             fn for fn in providers if getattr(fn, "__name__", "") != UPSTREAM_PROVIDER
         ]
     try:
         declarations = original(architecture, server_args, hf_config)
     finally:
         if providers is not None:
-            base._MODEL_OVERRIDE_FNS[architecture] = providers
+            registry[architecture] = providers
     declarations.append((SOURCE, ascend_declaration(server_args)))
     return declarations
 

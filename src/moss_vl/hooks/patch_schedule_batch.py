@@ -5,15 +5,22 @@ from __future__ import annotations
 from moss_vl import metrics
 from moss_vl.hooks import Hook
 
-SGLANG_VERSIONS = ("0.5.23",)
+SGLANG_VERSIONS = ("0.5.17", "0.5.23")
 _MODULE = "sglang.srt.managers.schedule_batch"
+
+
+def matched_prefix_len(req) -> int:
+    """The request's matched prefix: ``prefix_len`` (0.5.23) or ``len(prefix_indices)`` (0.5.17)."""
+    if hasattr(req, "prefix_len"):
+        return int(req.prefix_len)
+    return len(req.prefix_indices)
 
 
 def encoder_span_cut(req) -> bool:
     """Whether the request's matched prefix ends inside its encoder span."""
     mm = req.multimodal_inputs
     num_image_tokens = getattr(mm, "num_image_tokens", None) if mm is not None else None
-    return bool(num_image_tokens) and 0 < req.prefix_len < num_image_tokens
+    return bool(num_image_tokens) and 0 < matched_prefix_len(req) < num_image_tokens
 
 
 def drop_partial_encoder_prefix(result, req, tree_cache=None, cow_mamba=None):
@@ -38,6 +45,39 @@ def drop_partial_encoder_prefix(result, req, tree_cache=None, cow_mamba=None):
     req.mamba_branching_seqlen = match.mamba_branching_seqlen
     if match.cache_protected_len is None:
         req.kv.cache_protected_len = req.prefix_len
+    metrics.count_prefix_match_dropped()
+    return
+
+
+def drop_partial_encoder_prefix_0_5_17(result, req, tree_cache=None, cow_mamba=None):
+    """0.5.17 body of ``drop_partial_encoder_prefix``: the match is inline in
+    ``init_next_round_input`` there (no ``match_kv_cache``), so match again with
+    ``limit=0`` and take the fields upstream takes from a match."""
+    if tree_cache is None or not encoder_span_cut(req):
+        return
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    if cow_mamba is None:
+        cow_mamba = tree_cache.supports_mamba()
+    match = tree_cache.match_prefix(
+        MatchPrefixParams(
+            key=RadixKey(token_ids=req.full_untruncated_fill_ids, extra_key=req.extra_key, limit=0),
+            req=req,
+            cow_mamba=cow_mamba,
+        )
+    )
+    req.prefix_indices = match.device_indices
+    req.last_node = match.last_device_node
+    req.last_host_node = match.last_host_node
+    req.best_match_node = match.best_match_node
+    req.host_hit_length = match.host_hit_length
+    req.swa_host_hit_length = match.swa_host_hit_length
+    req.mamba_host_hit_length = match.mamba_host_hit_length
+    req.mamba_branching_seqlen = match.mamba_branching_seqlen
+    req.cache_protected_len = (
+        match.cache_protected_len if match.cache_protected_len is not None else len(req.prefix_indices)
+    )
     metrics.count_prefix_match_dropped()
     return
 
@@ -67,7 +107,15 @@ TARGETS = [
         target=f"{_MODULE}.Req.init_next_round_input",
         kind="after",
         func=drop_partial_encoder_prefix,
-        sglang_versions=SGLANG_VERSIONS,
+        sglang_versions=("0.5.23",),
+        signature=("self", "tree_cache", "cow_mamba"),
+    ),
+    Hook(
+        name="schedule_batch.drop_partial_encoder_prefix",
+        target=f"{_MODULE}.Req.init_next_round_input",
+        kind="after",
+        func=drop_partial_encoder_prefix_0_5_17,
+        sglang_versions=("0.5.17",),
         signature=("self", "tree_cache", "cow_mamba"),
     ),
     Hook(
