@@ -71,7 +71,7 @@ test-compat: $(COMPAT_STAMP) ## Run the plugin's CPU tests against SGLang $(SGLA
 	$(VENV_COMPAT)/bin/python -m pytest $(COMPAT_TESTS)
 
 lint: $(STAMP) ## Lint the Python code
-	$(VPY) -m ruff check src tests benchmarks loadtest
+	$(VPY) -m ruff check src tests benchmarks loadtest hack images
 
 bench: $(STAMP) ## Run the CPU benchmarks (ratios side by side; see docs/benchmarks.md)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(VPY) $$b; done

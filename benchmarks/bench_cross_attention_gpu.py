@@ -112,7 +112,6 @@ def main() -> None:
         except Exception as exc:  # the slimmed FlashInfer may lack the sm90 sources
             r["fa3_unavailable"] = f"{type(exc).__name__}: {str(exc)[:120]}"
         results[name] = r
-        del case, mask, out_mask, out_stair, out_sdpa, w_mask, w_stair
         torch.cuda.empty_cache()
 
     print(f"\n{'scale':12} {'elements':>13} {'vis':>4} | {'build up':>10} {'build ours':>10} {'x':>6} | "

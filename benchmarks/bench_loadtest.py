@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "loadtest"))
 
-from fixture_server import FixtureConfig, FixtureServer
+from fixture_server import FixtureConfig, FixtureServer  # noqa: E402
 
 MIXES = [
     # name, locust options

@@ -45,7 +45,7 @@ from locust.stats import CSV_STATS_INTERVAL_SEC, StatsEntry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import moss_vl_chat as chat  # found next to this file, wherever it is mounted
+import moss_vl_chat as chat  # noqa: E402 (found next to this file, wherever it is mounted)
 
 
 @events.init_command_line_parser.add_listener
