@@ -44,6 +44,13 @@ def _attention_state(server_args: Any) -> tuple[str, bool, Any]:
     )
 
 
+def _declarable_fields(server_args: Any) -> frozenset:
+    """Fields a model-override declaration may carry in this SGLang."""
+    from sglang.srt.arg_groups.arg_utils import resolvable_fields
+
+    return resolvable_fields(type(server_args))
+
+
 def _override_registry() -> dict:
     """The dict that maps architectures to their override providers."""
     try:
@@ -71,7 +78,12 @@ def ascend_declaration(server_args: Any) -> dict:
                 f"MOSS-VL on npu needs the ascend prefill attention backend to apply its "
                 f"frame-level cross-attention mask, got prefill attention backend {prefill!r}"
             )
-    declared["disable_radix_cache"] = True
+    if "disable_radix_cache" in _declarable_fields(server_args):
+        declared["disable_radix_cache"] = True
+    else:
+        # 0.5.17 does not let declarations carry it; its own handlers assign it
+        # during resolution, which is where this runs.
+        server_args.disable_radix_cache = True
     logger.info("moss_vl: MOSS-VL on npu: ascend attention backend, radix cache disabled")
     return declared
 
