@@ -10,6 +10,8 @@ Contract:
   by the init container only when download is enabled;
 - Ascend pods get the fused-attention switches off and the driver mounted
   read-only; CUDA pods the NVIDIA resource, node selector and toleration;
+- the Ascend image is `<appVersion>-ascend` (the default SGLang line) unless
+  `npu.imageTagSuffix` names the other line, which changes no other pool;
 - security: non-root, no privilege escalation, all capabilities dropped,
   seccomp RuntimeDefault, read-only root filesystem with writable emptyDirs
   where SGLang writes (/tmp, the cache, /dev/shm in memory);
@@ -182,6 +184,14 @@ def test_default_device_blocks():
     assert npu["nodeSelector"] == {"accelerator": "huawei-Ascend910"}
     assert container(cuda, "server")["image"] == "openmoss/moss-vl:0.1.0-cuda"
     assert container(npu, "server")["image"] == "openmoss/moss-vl:0.1.0-ascend"
+
+
+def test_npu_image_tag_suffix_picks_the_sglang_line():
+    r = render("devices={cuda,npu}", "npu.imageTagSuffix=ascend-sglang0.5.23")
+    npu = r.get("Deployment", f"{RELEASE}-npu")["spec"]["template"]["spec"]
+    cuda = r.get("Deployment", f"{RELEASE}-cuda")["spec"]["template"]["spec"]
+    assert container(npu, "server")["image"] == "openmoss/moss-vl:0.1.0-ascend-sglang0.5.23"
+    assert container(cuda, "server")["image"] == "openmoss/moss-vl:0.1.0-cuda"
 
 
 def test_npu_resource_name_is_configurable():

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from image_lines import load_lock_module
+
 from moss_vl import environ, presets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -247,24 +249,18 @@ def test_installs_from_hashed_locks_and_leaves_no_caches(image):
 
 
 def test_copied_lock_files_exist_for_every_platform():
-    from importlib.util import module_from_spec, spec_from_file_location
-
-    spec = spec_from_file_location("images_lock", ROOT / "images/lock.py")
-    lock = module_from_spec(spec)
-    sys.modules[spec.name] = lock  # dataclasses resolve annotations through it
-    spec.loader.exec_module(lock)
+    lock = load_lock_module()
     # cuda installs requirements.lock; ascend installs lock/{requirements,sglang}-<arch>.lock
+    # from images/ascend/sglang-<SGLANG_LINE>/, for every line the build argument may name
     assert "COPY images/cuda/requirements.lock" in DOCKERFILES["cuda"].read_text()
     ascend = DOCKERFILES["npu"].read_text()
-    line = global_args(parse_dockerfile(DOCKERFILES["npu"])).get("SGLANG_LINE") or re.search(
-        r"ARG SGLANG_LINE=(\S+)", ascend
-    ).group(1)
-    assert line in lock.ASCEND_LINES
-    for arch in ("x86_64", "aarch64"):
-        for name in ("requirements", "sglang"):
-            path = ROOT / f"images/ascend/sglang-{line}/{name}-{arch}.lock"
-            assert path.is_file(), path
-            assert "--hash=sha256:" in path.read_text()
+    assert global_args(parse_dockerfile(DOCKERFILES["npu"]))["SGLANG_LINE"] in lock.ASCEND_LINES
+    for line in lock.ASCEND_LINES:
+        for arch in ("x86_64", "aarch64"):
+            for name in ("requirements", "sglang"):
+                path = ROOT / f"images/ascend/sglang-{line}/{name}-{arch}.lock"
+                assert path.is_file(), path
+                assert "--hash=sha256:" in path.read_text()
     assert "amd64) arch=x86_64" in ascend and "arm64) arch=aarch64" in ascend
     assert '"lock/requirements-${arch}.lock"' in ascend and '"lock/sglang-${arch}.lock"' in ascend
 
