@@ -30,11 +30,27 @@ def select_hooks(version: str | None, disabled: set[str]) -> tuple[list[Hook], l
             skipped.append(f"{hook.name} (needs {', '.join(missing)})")
         else:
             chosen.append(hook)
+    # A hook with a body per version is not "left out" when another body runs.
+    chosen_names = {h.name for h in chosen}
+    skipped = [s for s in skipped if s.split(" ", 1)[0] not in chosen_names]
     return chosen, skipped
 
 
 def supported_sglang_versions() -> list[str]:
     return sorted({v for hook in all_hooks() for v in hook.sglang_versions})
+
+
+def _ensure_visible_logging() -> None:
+    """SGLang loads plugins before it configures logging (launch_server and the
+    scheduler both do): give the plugin's own lines a stderr handler then, so
+    the "registered N hooks" line reaches the server log."""
+    if logger.hasHandlers():
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def register() -> None:
@@ -43,6 +59,7 @@ def register() -> None:
     if _registered:
         return
     _registered = True
+    _ensure_visible_logging()
 
     from moss_vl import environ
 
