@@ -21,6 +21,7 @@ from sglang_batches import (
     random_batch,
 )
 
+from attention_cases import reference_attention
 from moss_vl import masks
 
 
@@ -109,24 +110,6 @@ def test_staircase_detection_accepts_prefixes_and_rejects_holes():
     assert [c.tolist() for c in masks.staircase_from_packed(stair, [3], [3])] == [[1, 2, 0]]
     holes = torch.tensor([0, 1, 0, 1, 1, 0], dtype=torch.uint8)
     assert masks.staircase_from_packed(holes, [2], [3]) is None
-
-
-def reference_attention(q, k, v, allowed, scale, cap):
-    """float64, explicit per-row softmax over allowed keys; rows with none -> 0."""
-    q, k, v = q.double(), k.double(), v.double()
-    h, hkv = q.shape[0], k.shape[0]
-    k = k.repeat_interleave(h // hkv, 0)
-    v = v.repeat_interleave(h // hkv, 0)
-    out = torch.zeros(h, q.shape[1], v.shape[-1], dtype=torch.float64)
-    for r in range(q.shape[1]):
-        cols = allowed[r].nonzero().flatten()
-        if cols.numel() == 0:
-            continue
-        w = (q[:, r : r + 1] @ k[:, cols].transpose(-1, -2)) * scale
-        if cap > 0:
-            w = cap * torch.tanh(w / cap)
-        out[:, r] = (torch.softmax(w, -1) @ v[:, cols]).squeeze(1)
-    return out
 
 
 @pytest.mark.parametrize("cap", [0.0, 5.0])
