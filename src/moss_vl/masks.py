@@ -139,15 +139,6 @@ class Staircase:
     def rows_without_vision(self) -> int:
         return int((self.visible_kv_len == 0).sum().item()) if self.num_rows else 0
 
-    def to(self, device) -> Staircase:
-        return Staircase(
-            self.visible_kv_len.to(device, non_blocking=True),
-            self.extend_seq_lens,
-            self.encoder_lens,
-            self.needs_mask,
-            self.request_indices,
-        )
-
     def batch_rows(self, extend_seq_lens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """``visible_kv_len`` and request index of every new row of the whole batch.
 

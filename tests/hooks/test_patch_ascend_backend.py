@@ -94,6 +94,40 @@ def test_mask_reaches_the_native_path(upstream_forward_extend):
     assert path_count("dropped", "mask") == before[1]
 
 
+def test_the_builders_staircase_is_used_instead_of_reading_the_mask(upstream_forward_extend, monkeypatch):
+    from moss_vl import masks
+    from sglang_batches import mask_requests_of
+
+    cls, original = upstream_forward_extend
+    case, fb = a_case()
+    fb.moss_vl_staircase = masks.build_staircase(mask_requests_of(case.spec), 2)
+
+    def no_read_back(*args, **kwargs):
+        raise AssertionError("the mask was read back although the builder's staircase came along")
+
+    monkeypatch.setattr(masks, "staircase_from_packed", no_read_back)
+    out = patch_ascend_backend.forward_extend(
+        original, make_backend(cls, case), case.query.flatten(1), None, None, cross_layer(case),
+        fb, save_kv_cache=False,
+    )
+    assert (out.view_as(case.query).double() - case.reference_cross()).abs().max() < 2e-5
+
+
+def test_a_staircase_of_another_batch_is_not_trusted(upstream_forward_extend):
+    from moss_vl import masks
+    from sglang_batches import mask_requests_of
+
+    cls, original = upstream_forward_extend
+    case, fb = a_case()
+    other = BatchSpec(case.spec.requests[:1])
+    fb.moss_vl_staircase = masks.build_staircase(mask_requests_of(other), 2)
+    out = patch_ascend_backend.forward_extend(
+        original, make_backend(cls, case), case.query.flatten(1), None, None, cross_layer(case),
+        fb, save_kv_cache=False,
+    )
+    assert (out.view_as(case.query).double() - case.reference_cross()).abs().max() < 2e-5
+
+
 def test_unpatched_forward_extend_ignores_the_mask(upstream_forward_extend):
     cls, original = upstream_forward_extend
     case, fb = a_case()

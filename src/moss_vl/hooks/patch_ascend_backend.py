@@ -76,7 +76,7 @@ def forward_extend(
             f"frame-level mask, but the Ascend backend would run it on the {reason}, which "
             "cannot apply a mask; disable that feature for MOSS-VL"
         )
-    handoff = MaskHandoff(mask)
+    handoff = MaskHandoff(mask, getattr(forward_batch, "moss_vl_staircase", None))
     token = pending_cross_attention_mask.set(handoff)
     try:
         result = original(self, q, k, v, layer, forward_batch, save_kv_cache, **call)

@@ -9,7 +9,6 @@ instead of upstream's; without it, upstream's runs unchanged.
 from __future__ import annotations
 
 import contextvars
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -31,9 +30,12 @@ class MaskHandoff:
     forward_extend calls the native function without the mask (its signature
     has none), so the mask travels in a context variable for the duration of
     that one call; ``consumed`` tells the caller whether it was applied.
+    ``staircase`` is the MOSS-VL builder's own description of the same mask
+    (``ForwardBatch.moss_vl_staircase``), so it need not be read back from it.
     """
 
     mask: torch.Tensor
+    staircase: masks.Staircase | None = None
     consumed: bool = False
 
 
@@ -41,21 +43,19 @@ pending_cross_attention_mask: contextvars.ContextVar[MaskHandoff | None] = conte
     "moss_vl_pending_cross_attention_mask", default=None
 )
 
-# The 12 cross-attention layers of one forward share one mask: derive its
-# staircase once. Keys are the mask tensors themselves (weakly held).
-_staircase_memo: weakref.WeakKeyDictionary[torch.Tensor, tuple] = weakref.WeakKeyDictionary()
-
-
-def _staircase_of(mask: torch.Tensor, extend: list[int], enc: list[int]):
-    """Per-request CPU ``visible_kv_len`` if ``mask`` is a staircase, else None (memoised)."""
-    key = (tuple(extend), tuple(enc), mask.data_ptr(), mask._version)
-    hit = _staircase_memo.get(mask)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    counts = masks.staircase_from_packed(mask, extend, enc)
-    result = None if counts is None else [c.cpu() for c in counts]
-    _staircase_memo[mask] = (key, result)
-    return result
+def _per_request_visible(staircase: masks.Staircase, extend: list[int], enc: list[int]):
+    """The builder's staircase as per-request ``visible_kv_len``, or None if it
+    does not describe exactly this batch's mask blocks."""
+    blocks = [(i, q, kv) for i, (q, kv) in enumerate(zip(extend, enc)) if q and kv]
+    if [i for i, _, _ in blocks] != list(staircase.request_indices) or [
+        (q, kv) for _, q, kv in blocks
+    ] != list(zip(staircase.extend_seq_lens, staircase.encoder_lens)):
+        return None
+    per_request = [None] * len(extend)
+    parts = torch.split(staircase.visible_kv_len.cpu(), list(staircase.extend_seq_lens))
+    for i, part in zip(staircase.request_indices, parts):
+        per_request[i] = part
+    return per_request
 
 
 def _kv_of(req_to_token, pool_index, start, stop, k_cache, v_cache, full_to_swa_mapping, dtype):
@@ -136,9 +136,10 @@ def run_sdpa_forward_extend(
         mask = cross_attention_custom_mask
         if mask is None and handoff is not None:
             mask = handoff.mask
+        known = handoff.staircase if handoff is not None and mask is handoff.mask else None
         _cross_attention(
-            self, query, output, k_cache, v_cache, req_to_token, pool, extend, enc,
-            scaling, cap, full_to_swa_mapping, mask,
+            query, output, k_cache, v_cache, req_to_token, pool, extend, enc,
+            scaling, cap, full_to_swa_mapping, mask, known,
         )
         if handoff is not None and mask is handoff.mask:
             handoff.consumed = True
@@ -154,13 +155,16 @@ def run_sdpa_forward_extend(
 
 
 def _cross_attention(
-    self, query, output, k_cache, v_cache, req_to_token, pool, extend, enc, scaling, cap,
-    full_to_swa_mapping, mask,
+    query, output, k_cache, v_cache, req_to_token, pool, extend, enc, scaling, cap,
+    full_to_swa_mapping, mask, known_staircase,
 ):
     staircase = dense = None
     if mask is not None:
         masks.check_packed_mask_size(mask, extend, enc)
-        staircase = _staircase_of(mask, extend, enc)
+        if known_staircase is not None:
+            staircase = _per_request_visible(known_staircase, extend, enc)
+        if staircase is None:
+            staircase = masks.staircase_from_packed(mask, extend, enc)
         if staircase is None:
             dense = masks.unpack_mask(mask, extend, enc)
         metrics.count_mask_path("ascend_native", "dense" if staircase is None else "staircase")
