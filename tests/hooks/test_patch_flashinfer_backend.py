@@ -138,6 +138,7 @@ def test_staircase_plan_tiles_rows_and_covers_exactly_the_visible_pairs(plugin_l
     monkeypatch.setenv("MOSS_VL_CROSS_ATTN_PLAN", "staircase")
     case, fb = a_batch()
     updater, (w0, w1) = plan_batch(case, fb)
+    assert len(w0.plans) == 1 and len(w1.plans) == 1  # each wrapper planned once
     plan = w1.plans[-1]
     assert plan.custom_mask is None
     assert int(plan.qo_indptr[0]) == 0 and int(plan.qo_indptr[-1]) == sum(fb.extend_seq_lens_cpu)

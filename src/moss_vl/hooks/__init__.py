@@ -61,8 +61,9 @@ patch_flashinfer_backend (CUDA): the staircase plan for cross-attention prefill.
     Why: upstream plans MOSS-VL cross-attention with FlashInfer's FA2 custom-mask
         kernel: a q x kv mask bit-packed at every prefill, fully masked work done
         anyway, no Hopper kernels.
-    How: wrapper 0 (self-attention) is planned as upstream; wrapper 1 is planned
-        with unmasked segments (moss_vl.masks.segment_plan) when the batch's
+    How: wrapper 0 (self-attention) is planned through upstream's
+        ``call_begin_forward`` as upstream's loop plans it; wrapper 1 is planned
+        once, with unmasked segments (moss_vl.masks.segment_plan) when the batch's
         staircase is known; ``MOSS_VL_CROSS_ATTN_PLAN=mask`` keeps upstream's plan.
 ``...FlashInferAttnBackend.init_forward_metadata`` (around)
     Why/How: hands the batch's staircase to the planner, which gets no ForwardBatch.
@@ -111,6 +112,23 @@ class Hook:
     sglang_versions: tuple[str, ...]
     signature: tuple[str, ...]
     requires: tuple[str, ...] = field(default_factory=tuple)
+
+
+def per_version(
+    name: str,
+    target: str,
+    kind: str,
+    variants: dict[tuple[str, ...], tuple[Callable, tuple[str, ...]]],
+    requires: tuple[str, ...] = (),
+) -> list[Hook]:
+    """One patch whose body or target signature differs between SGLang versions.
+
+    ``variants`` maps the versions of each variant to its (func, signature).
+    """
+    return [
+        Hook(name, target, kind, func, versions, signature, requires)
+        for versions, (func, signature) in variants.items()
+    ]
 
 
 def sglang_version() -> str | None:

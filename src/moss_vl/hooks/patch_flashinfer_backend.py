@@ -13,8 +13,8 @@ Three symbols take part:
   staircase (built by the MOSS-VL mask hook) visible to the planner, which is
   called without the ForwardBatch;
 - ``FlashInferIndicesUpdaterPrefill.update_cross_attention`` (around): plans
-  wrapper 0 (self-attention) as upstream, then wrapper 1 (cross-attention)
-  with the segments;
+  wrapper 0 (self-attention) through upstream's ``call_begin_forward`` with
+  upstream's arguments, and wrapper 1 (cross-attention) with the segments;
 - ``FlashInferAttnBackend.forward_extend`` (around): zeroes the rows that see
   nothing after a cross-attention layer planned with segments.
 """
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from moss_vl import environ, masks, metrics
-from moss_vl.hooks import Hook
+from moss_vl.hooks import Hook, per_version
 
 logger = logging.getLogger("moss_vl")
 
@@ -173,30 +173,35 @@ def update_cross_attention(
 ):
     """Around upstream's cross-attention planner. ``plan`` (the batch's
     KVLocPlan) exists from 0.5.23 on; 0.5.17 has no such argument."""
-    args = (req_pool_indices, seq_lens, seq_lens_cpu, seq_lens_sum, prefix_lens,
-            prefill_wrappers, use_ragged, encoder_lens, spec_info)
-    kwargs = {"fixed_split_size": fixed_split_size, "multi_item_params": multi_item_params,
-              "extend_prefix_lens_cpu": extend_prefix_lens_cpu,
-              "custom_kv_indices": custom_kv_indices}
-    if plan is not _NOT_GIVEN:
-        kwargs["plan"] = plan
+    plan_kw = {} if plan is _NOT_GIVEN else {"plan": plan}
     mask = cross_attention_custom_mask
     info = _staircase_applies(mask, spec_info, multi_item_params)
-    if info is None:
-        result = original(self, *args, cross_attention_custom_mask=mask, **kwargs)
+    if info is None or custom_kv_indices is not None:
+        result = original(
+            self, req_pool_indices, seq_lens, seq_lens_cpu, seq_lens_sum, prefix_lens,
+            prefill_wrappers, use_ragged, encoder_lens, spec_info,
+            fixed_split_size=fixed_split_size, multi_item_params=multi_item_params,
+            cross_attention_custom_mask=mask, extend_prefix_lens_cpu=extend_prefix_lens_cpu,
+            custom_kv_indices=custom_kv_indices, **plan_kw,
+        )
         if mask is not None:
             metrics.count_mask_path("flashinfer", "mask")
         return result
-    # Wrapper 0 exactly as upstream; wrapper 1 is planned there without the
-    # mask and re-planned here with the segments.
-    result = original(self, *args, cross_attention_custom_mask=None, **kwargs)
+    # Wrapper 0 (self-attention over the text after the encoder) through
+    # upstream's own call, with the arguments upstream's loop gives it;
+    # wrapper 1 gets the segments instead of upstream's custom-mask plan.
+    self.call_begin_forward(
+        self.prefill_wrapper_ragged, prefill_wrappers[0], req_pool_indices,
+        seq_lens, seq_lens_sum, seq_lens, prefix_lens, encoder_lens,
+        self.kv_indptr[0], self.qo_indptr[0], use_ragged, spec_info,
+        fixed_split_size=fixed_split_size, multi_item_params=multi_item_params, **plan_kw,
+    )
     segments = plan_segments(
         self, prefill_wrappers[1], req_pool_indices, encoder_lens, info, fixed_split_size,
-        None if plan is _NOT_GIVEN else plan,
+        plan_kw.get("plan"),
     )
     self.attn_backend.moss_vl_empty_rows = segments.empty_rows
     metrics.count_mask_path("flashinfer", "staircase")
-    return result
 
 
 def forward_extend(original, self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
@@ -225,22 +230,15 @@ TARGETS = [
         signature=("self", "forward_batch"),
         requires=("flashinfer",),
     ),
-    Hook(
-        name="flashinfer.update_cross_attention",
-        target=f"{_MODULE}.FlashInferIndicesUpdaterPrefill.update_cross_attention",
-        kind="around",
-        func=update_cross_attention,
-        sglang_versions=("0.5.23",),
-        signature=_UPDATE_SIGNATURE + ("plan",),
-        requires=("flashinfer",),
-    ),
-    Hook(
-        name="flashinfer.update_cross_attention",
-        target=f"{_MODULE}.FlashInferIndicesUpdaterPrefill.update_cross_attention",
-        kind="around",
-        func=update_cross_attention,
-        sglang_versions=("0.5.17",),
-        signature=_UPDATE_SIGNATURE,
+    # 0.5.23 added the keyword-only ``plan`` (the batch's KVLocPlan).
+    *per_version(
+        "flashinfer.update_cross_attention",
+        f"{_MODULE}.FlashInferIndicesUpdaterPrefill.update_cross_attention",
+        "around",
+        {
+            ("0.5.23",): (update_cross_attention, _UPDATE_SIGNATURE + ("plan",)),
+            ("0.5.17",): (update_cross_attention, _UPDATE_SIGNATURE),
+        },
         requires=("flashinfer",),
     ),
     Hook(

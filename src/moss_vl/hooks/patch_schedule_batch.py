@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from moss_vl import metrics
-from moss_vl.hooks import Hook
+from moss_vl.hooks import Hook, per_version
 
 SGLANG_VERSIONS = ("0.5.17", "0.5.23")
 _MODULE = "sglang.srt.managers.schedule_batch"
@@ -101,22 +101,17 @@ def count_encoder_cache(result, batch, input_ids, seq_lens):
     return
 
 
+_INIT_NEXT_ROUND_SIGNATURE = ("self", "tree_cache", "cow_mamba")
+
 TARGETS = [
-    Hook(
-        name="schedule_batch.drop_partial_encoder_prefix",
-        target=f"{_MODULE}.Req.init_next_round_input",
-        kind="after",
-        func=drop_partial_encoder_prefix,
-        sglang_versions=("0.5.23",),
-        signature=("self", "tree_cache", "cow_mamba"),
-    ),
-    Hook(
-        name="schedule_batch.drop_partial_encoder_prefix",
-        target=f"{_MODULE}.Req.init_next_round_input",
-        kind="after",
-        func=drop_partial_encoder_prefix_0_5_17,
-        sglang_versions=("0.5.17",),
-        signature=("self", "tree_cache", "cow_mamba"),
+    *per_version(
+        "schedule_batch.drop_partial_encoder_prefix",
+        f"{_MODULE}.Req.init_next_round_input",
+        "after",
+        {
+            ("0.5.23",): (drop_partial_encoder_prefix, _INIT_NEXT_ROUND_SIGNATURE),
+            ("0.5.17",): (drop_partial_encoder_prefix_0_5_17, _INIT_NEXT_ROUND_SIGNATURE),
+        },
     ),
     Hook(
         name="schedule_batch.count_encoder_cache",
