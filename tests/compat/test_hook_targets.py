@@ -38,12 +38,25 @@ def test_target_resolves_with_expected_signature(hook):
 
 @pytest.mark.parametrize("hook", HOOKS, ids=lambda h: h.name)
 def test_hook_accepts_what_the_target_is_called_with(hook):
-    params = parameter_names(hook.func)
-    if hook.kind == "around":
-        params = params[1:]  # original_fn
-    elif hook.kind == "after":
-        params = params[1:]  # result
-    assert params[: len(hook.signature)] == hook.signature or len(params) == len(hook.signature)
+    """The hook binds every argument the target takes: the first positionally
+    (``self`` or the target's first parameter), the rest by their names."""
+    leading = {"around": ["original"], "after": ["result"]}.get(hook.kind, [])
+    first, *rest = hook.signature
+    inspect.signature(hook.func).bind(*leading, first, **{name: None for name in rest})
+
+
+def test_the_flashinfer_staircase_calls_upstreams_planner_as_upstream_does():
+    """The staircase path plans wrapper 0 with upstream's call_begin_forward, passing
+    its first twelve parameters by position and these by name."""
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferIndicesUpdaterPrefill
+
+    params = parameter_names(FlashInferIndicesUpdaterPrefill.call_begin_forward)
+    assert params[:13] == (
+        "self", "wrapper_ragged", "wrapper_paged", "req_pool_indices", "paged_kernel_lens",
+        "paged_kernel_lens_sum", "seq_lens", "prefix_lens", "kv_start_idx", "kv_indptr",
+        "qo_indptr", "use_ragged", "spec_info",
+    )
+    assert {"fixed_split_size", "multi_item_params"} <= set(params)
 
 
 def test_a_renamed_target_fails_resolution():
