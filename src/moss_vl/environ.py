@@ -111,9 +111,10 @@ MOSS_VL_ASCEND_SET_ENV = _str(
 # ---- plugin behaviour (read inside SGLang's processes) ----------------------
 MOSS_VL_CROSS_ATTN_PLAN = _str(
     "MOSS_VL_CROSS_ATTN_PLAN",
-    "staircase",
-    "FlashInfer cross-attention prefill plan: staircase segments or upstream's custom mask",
-    ("staircase", "mask"),
+    "triton",
+    "FlashInfer cross-attention prefill plan: triton (staircase kernel), staircase "
+    "(FlashInfer segments) or mask (upstream's custom mask)",
+    ("triton", "staircase", "mask"),
 )
 MOSS_VL_DISABLE_HOOKS = _str(
     "MOSS_VL_DISABLE_HOOKS", "", "comma-separated hook names to leave unapplied (debugging)"

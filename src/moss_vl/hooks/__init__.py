@@ -131,6 +131,19 @@ def per_version(
     ]
 
 
+# Names of the hooks this process registered with SGLang (plugin.register).
+_registered: set[str] = set()
+
+
+def mark_registered(names) -> None:
+    _registered.update(names)
+
+
+def is_registered(*names: str) -> bool:
+    """Whether every one of ``names`` was registered in this process."""
+    return all(n in _registered for n in names)
+
+
 def sglang_version() -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
