@@ -109,8 +109,9 @@ def forward_extend_check():
             return k_pool, v_pool
 
         def set_kv_buffer(self, layer, loc, k, v, k_scale=None, v_scale=None):
-            k_pool[loc.loc] = k.view(-1, 2, 16)
-            v_pool[loc.loc] = v.view(-1, 2, 16)
+            loc = getattr(loc, "loc", loc)  # 0.5.23 passes a KVWriteLoc, 0.5.17 the slots
+            k_pool[loc] = k.view(-1, 2, 16)
+            v_pool[loc] = v.view(-1, 2, 16)
 
     class Unplanned:
         def forward(self, *args, **kwargs):
