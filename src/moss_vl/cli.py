@@ -3,9 +3,11 @@
 Imports stay lazy: `import moss_vl.cli` (and `moss-vl --help`) loads neither
 torch, sglang nor kubernetes; each subcommand imports what it needs when it runs.
 
-Exit codes: 0 ok; 1 the environment failed (no cluster, ...); 2 the request was
-refused before anything started (bad flag or variable, contradiction). Once
-`serve` execs SGLang, the exit code is SGLang's.
+Exit codes: 0 ok; 1 the environment failed (no SGLang, ...); 2 the request was
+refused before anything started (bad flag or variable, contradiction); doctor
+3 no kubeconfig, 4 bad context, 5 cluster unreachable, 6 401 Unauthorized,
+7 403 Forbidden (moss_vl.doctor.EXIT_*). Once `serve` execs SGLang, the exit
+code is SGLang's.
 """
 
 from __future__ import annotations
@@ -88,18 +90,25 @@ def _build_parser() -> argparse.ArgumentParser:
         "--gpu-resource",
         action="append",
         metavar="NAME",
-        help="NVIDIA extended resource name (repeatable; default nvidia.com/gpu)",
+        help="another NVIDIA extended resource name to recognise (repeatable; built in: "
+        "nvidia.com/gpu, nvidia.com/mig-*)",
     )
     doctor.add_argument(
         "--npu-resource",
         action="append",
         metavar="NAME",
-        help="Ascend extended resource name (repeatable; default huawei.com/Ascend910)",
+        help="another Ascend extended resource name to recognise (repeatable; built in: "
+        "huawei.com/Ascend910, Ascend310P, Ascend310, npu, ascend-1980, Ascend910B*)",
     )
     doctor.add_argument(
         "--timeout", type=float, default=5.0, help="seconds per API request (default 5)"
     )
-    doctor.add_argument("--output", choices=("text", "json", "yaml"), default="text")
+    doctor.add_argument(
+        "--output",
+        choices=("text", "json", "yaml", "values"),
+        default="text",
+        help="values: only the recommended Helm values, for `helm install -f`",
+    )
 
     version = sub.add_parser("version", help="print moss-vl, SGLang and torch versions")
     version.add_argument("--output", choices=("text", "json"), default="text")
@@ -238,8 +247,8 @@ def doctor(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
         context=args.context,
         namespace=args.namespace,
-        gpu_resources=tuple(args.gpu_resource or doctor_mod.DEFAULT_GPU_RESOURCES),
-        npu_resources=tuple(args.npu_resource or doctor_mod.DEFAULT_NPU_RESOURCES),
+        gpu_resources=tuple(args.gpu_resource or ()),
+        npu_resources=tuple(args.npu_resource or ()),
         timeout=args.timeout,
         output=args.output,
     )
