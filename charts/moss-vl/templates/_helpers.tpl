@@ -264,7 +264,11 @@ Values the schema cannot express; each failure names the value and the reason.
 {{- $rwx := has "ReadWriteMany" $st.accessModes }}
 {{- $rox := and (has "ReadOnlyMany" $st.accessModes) (not .Values.model.download.enabled) }}
 {{- if not (or $rwx $rox) }}
-{{- fail (printf "model.storage: pools %s would share the %s claim %s, which one node at a time can mount: set model.storage.accessModes=[ReadWriteMany] (a ReadWriteMany storage class, e.g. NFS or CephFS)%s, or model.storage.shared=false%s for one claim per pool" (join ", " $devices) (join "/" $st.accessModes) (include "moss-vl.modelClaimName" .) (ternary " and say so for the existing claim" "" (ne $st.existingClaim "")) (ternary " and model.storage.existingClaim=\"\"" "" (ne $st.existingClaim ""))) }}
+{{- if $st.existingClaim }}
+{{- fail (printf "model.storage: pools %s would share the existing claim %s, declared %s, which one node at a time can mount: if the claim is ReadWriteMany, say so with model.storage.accessModes=[ReadWriteMany]; otherwise set model.storage.existingClaim=\"\" and the chart creates one claim per pool" (join ", " $devices) $st.existingClaim (join "/" $st.accessModes)) }}
+{{- else }}
+{{- fail (printf "model.storage: pools %s would share the %s claim %s, which one node at a time can mount: set model.storage.accessModes=[ReadWriteMany] (a ReadWriteMany storage class, e.g. NFS or CephFS), or model.storage.shared=false for one claim per pool" (join ", " $devices) (join "/" $st.accessModes) (include "moss-vl.modelClaimName" .)) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- range $d := $devices }}
