@@ -187,11 +187,56 @@ def test_bad_variable_is_refused_by_name(capsys, monkeypatch, var, value):
     assert var in err
 
 
-def test_missing_model_path_is_refused(capsys):
-    code, _, err = run_main(
-        capsys, "serve", "--device", "cuda", "--model-path", "/nonexistent/w", "--dry-run"
+def test_dry_run_previews_a_path_of_the_pod(capsys):
+    # the path lives in the pod: a preview on a laptop warns and goes on
+    code, out, err = run_main(
+        capsys, "serve", "--device", "cuda", "--model-path", "/models/MOSS-VL", "--dry-run"
     )
-    assert code == 2 and "--model-path" in err and "hub id" in err
+    assert code == 0, err
+    assert "--model-path /models/MOSS-VL" in out
+    assert "warning: --model-path '/models/MOSS-VL' does not exist on this machine" in err
+
+
+def test_real_start_refuses_a_missing_path(capsys):
+    code, out, err = run_main(capsys, "serve", "--device", "cuda", "--model-path", "/nonexistent/w")
+    assert code == 2 and out == ""
+    assert "--model-path" in err and "hub id" in err
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda p: p.mkdir(), "is an empty directory: the weights are not there"),
+        (lambda p: p.write_text("x"), "is a file; expected a checkpoint directory"),
+        (lambda p: (p.mkdir(), (p / "model.safetensors").write_text("")), "has no config.json"),
+    ],
+)
+def test_real_start_refuses_what_is_not_a_checkpoint(capsys, tmp_path, make, words):
+    path = tmp_path / "MOSS-VL"
+    make(path)
+    code, out, err = run_main(capsys, "serve", "--device", "cuda", "--model-path", str(path))
+    assert code == 2 and out == "", "refused before anything is printed or started"
+    assert len(err.strip().splitlines()) == 1 and words in err
+    # the same path previews fine: the dry run does not need the weights
+    code, _, err = run_main(
+        capsys, "serve", "--device", "cuda", "--model-path", str(path), "--dry-run"
+    )
+    assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--no-such-flag", "1"], "unrecognized arguments: --no-such-flag 1"),
+        (["--chunked-prefill-size", "lots"], "invalid int value: 'lots'"),
+    ],
+)
+def test_dry_run_extra_args_go_through_sglangs_parser(capsys, extra, words):
+    code, out, err = run_main(
+        capsys, "serve", "--device", "cuda", "--model-path", HUB_ID, "--dry-run", "--", *extra
+    )
+    assert code == 2
+    assert "SGLang's argument parser rejects the command" in err and words in err
 
 
 def test_auto_without_accelerator_says_how_to_choose(capsys):

@@ -185,8 +185,35 @@ def _env_sources(args: argparse.Namespace) -> dict[str, str]:
     return sources
 
 
+def _sglang_parse(argv: Sequence[str]) -> str | None:
+    """SGLang's own verdict on `argv` (its ServerArgs parser): None when it
+    accepts them, else its error; None too when SGLang is not installed here."""
+    import argparse as _argparse
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        return None
+    from sglang.srt.server_args import ServerArgs
+
+    parser = _argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    try:
+        _, unknown = parser.parse_known_args(list(argv))
+    except (_argparse.ArgumentError, SystemExit) as err:
+        return str(err)
+    if unknown:
+        return f"unrecognized arguments: {' '.join(unknown)}"
+    return None
+
+
 def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
-    from moss_vl.presets import LAUNCH_MODULE, PresetError, ServeConfig, build_command
+    from moss_vl.presets import (
+        LAUNCH_MODULE,
+        PresetError,
+        ServeConfig,
+        build_command,
+        check_checkpoint,
+    )
 
     device = _resolve_device(_flag_or_env(args, "device"))
     config = ServeConfig(
@@ -206,10 +233,24 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     )
     visible, visible_source = _visible(device)
     try:
-        command = build_command(config, visible=visible, visible_source=visible_source)
+        command = build_command(
+            config, visible=visible, visible_source=visible_source, preview=args.dry_run
+        )
+        if not args.dry_run:
+            check_checkpoint(command.model_path)
     except PresetError as err:
         source = _env_sources(args).get(err.flag)
         raise Refused(f"{err} (set by {source})" if source else str(err)) from None
+    for warning in command.warnings:
+        print(f"moss-vl serve: warning: {warning}", file=sys.stderr)
+    if args.dry_run and config.extra_args:
+        # The real start gets this check from SGLang itself; a preview must
+        # not print a command SGLang would reject (e.g. a misspelt extra flag).
+        # The preset's own flags are checked against this parser by the tests,
+        # so only a command with extra arguments pays for importing SGLang.
+        rejected = _sglang_parse(command.argv)
+        if rejected:
+            raise Refused(f"SGLang's argument parser rejects the command: {rejected}")
 
     python = sys.executable
     shown = [python, "-m", LAUNCH_MODULE, *command.display_argv()]
