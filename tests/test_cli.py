@@ -251,34 +251,72 @@ def test_auto_without_accelerator_says_how_to_choose(capsys):
     assert "no accelerator found" in err and "--device cuda" in err and "--device npu" in err
 
 
-def test_version(capsys):
-    def installed(name):
+def installed(*names):
+    for name in names:
         try:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
-            return "not installed"
+            continue
+    return None
 
+
+def test_version(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(tmp_path / "no-cann"))
     code, out, _ = run_main(capsys, "version")
     assert code == 0
-    assert out.splitlines() == [
+    expected = [
         f"moss-vl {__version__}",
-        f"sglang {installed('sglang')}",
-        f"torch {installed('torch')}",
+        f"sglang {installed('sglang') or 'not installed'}",
+        f"torch {installed('torch') or 'not installed'}",
     ]
+    for label, names in cli.OPTIONAL_DISTRIBUTIONS.items():
+        if installed(*names):
+            expected.append(f"{label} {installed(*names)}")
+    assert out.splitlines() == expected
+    # this venv has flashinfer and transformers (SGLang's dependencies): they show
+    assert any(line.startswith("flashinfer ") for line in expected)
+    assert any(line.startswith("transformers ") for line in expected)
     code, out, _ = run_main(capsys, "version", "--output", "json")
     assert json.loads(out)["moss-vl"] == __version__
 
 
-def test_versions_report_absent_distributions(monkeypatch):
+def test_versions_report_absent_distributions(monkeypatch, tmp_path):
     real = metadata.version
 
     def version(name):
-        if name == "sglang":
+        if name in ("sglang", "flashinfer-python", "flashinfer"):
             raise metadata.PackageNotFoundError(name)
         return real(name)
 
     monkeypatch.setattr(metadata, "version", version)
-    assert cli.versions()["sglang"] == "not installed"
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(tmp_path / "no-cann"))
+    found = cli.versions()
+    assert found["sglang"] == "not installed"
+    assert "flashinfer" not in found, "optional stacks appear only where present"
+    assert "CANN" not in found
+
+
+def test_versions_report_torch_npu_and_cann_where_present(monkeypatch, tmp_path):
+    real = metadata.version
+
+    def version(name):
+        if name == "torch-npu":
+            return "2.11.0.post3"
+        return real(name)
+
+    monkeypatch.setattr(metadata, "version", version)
+    toolkit = tmp_path / "ascend-toolkit" / "latest"
+    (toolkit / "aarch64-linux").mkdir(parents=True)
+    (toolkit / "aarch64-linux" / "ascend_toolkit_install.info").write_text(
+        "package_name=Ascend-cann-toolkit\nversion=9.0.0\ninnerversion=V100R001C25\n"
+    )
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(toolkit))
+    found = cli.versions()
+    assert found["torch_npu"] == "2.11.0.post3" and found["CANN"] == "9.0.0"
+    # without ASCEND_TOOLKIT_HOME, the toolkit next to the set_env.sh script is read
+    monkeypatch.delenv("ASCEND_TOOLKIT_HOME")
+    monkeypatch.setenv("MOSS_VL_ASCEND_SET_ENV", str(tmp_path / "ascend-toolkit" / "set_env.sh"))
+    assert cli.versions()["CANN"] == "9.0.0"
 
 
 # ---- exec contract -------------------------------------------------------------------

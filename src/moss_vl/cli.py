@@ -110,7 +110,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="values: only the recommended Helm values, for `helm install -f`",
     )
 
-    version = sub.add_parser("version", help="print moss-vl, SGLang and torch versions")
+    version = sub.add_parser(
+        "version",
+        help="print moss-vl, SGLang and torch versions, and flashinfer, transformers, "
+        "sglang-router, torch_npu and CANN where present",
+    )
     version.add_argument("--output", choices=("text", "json"), default="text")
     return parser
 
@@ -295,20 +299,66 @@ def doctor(args: argparse.Namespace) -> int:
     )
 
 
+# Reported only where installed: the accelerator stacks differ per image.
+OPTIONAL_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
+    "flashinfer": ("flashinfer-python", "flashinfer"),
+    "transformers": ("transformers",),
+    "sglang-router": ("sglang-router",),
+    "torch_npu": ("torch-npu", "torch_npu"),
+}
+
+
+def cann_version(toolkit_home: str | None = None) -> str | None:
+    """The CANN toolkit version, read from its install info, or None without CANN.
+
+    Where: $ASCEND_TOOLKIT_HOME (set by CANN's set_env.sh), else the `latest`
+    link next to MOSS_VL_ASCEND_SET_ENV (/usr/local/Ascend/ascend-toolkit/latest).
+    """
+    from pathlib import Path
+
+    home = toolkit_home or os.environ.get("ASCEND_TOOLKIT_HOME")
+    if not home:
+        home = str(Path(environ.MOSS_VL_ASCEND_SET_ENV.get()).parent / "latest")
+    root = Path(home)
+    if not root.is_dir():
+        return None
+    candidates = [*sorted(root.glob("*/ascend_toolkit_install.info")), root / "compiler" / "version.info"]
+    for info in candidates:
+        try:
+            text = info.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip().lower() == "version" and value.strip():
+                return value.strip()
+    return None
+
+
 def versions() -> dict[str, str]:
     from importlib import metadata
 
-    def dist_version(name: str) -> str:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "not installed"
+    def dist_version(*names: str) -> str | None:
+        for name in names:
+            try:
+                return metadata.version(name)
+            except metadata.PackageNotFoundError:
+                continue
+        return None
 
-    return {
+    found = {
         "moss-vl": __version__,
-        "sglang": dist_version("sglang"),
-        "torch": dist_version("torch"),
+        "sglang": dist_version("sglang") or "not installed",
+        "torch": dist_version("torch") or "not installed",
     }
+    for label, names in OPTIONAL_DISTRIBUTIONS.items():
+        version = dist_version(*names)
+        if version is not None:
+            found[label] = version
+    cann = cann_version()
+    if cann is not None:
+        found["CANN"] = cann
+    return found
 
 
 def version(args: argparse.Namespace) -> int:
