@@ -394,7 +394,9 @@ def closed_port() -> int:
 
 
 def run_doctor(*args, env=None):
-    run_env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    run_env = {
+        k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
+    }
     run_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "moss_vl.cli", "doctor", *args],
@@ -628,3 +630,99 @@ def test_doctor_end_to_end(tmp_path, output):
             "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
         },
     }
+
+
+# ---- round trip: doctor's values install as they are -----------------------------------
+
+
+def tolerates(tolerations, taint) -> bool:
+    for t in tolerations:
+        if t.get("key") != taint.key or t.get("effect") not in (None, taint.effect):
+            continue
+        if t.get("operator") == "Exists" or t.get("value") == taint.value:
+            return True
+    return False
+
+
+def test_mixed_cluster_values_install_as_they_are(tmp_path):
+    from chart import test_kubernetes_validate as kval
+    from chart.chart_render import CHART, helm
+
+    gpu_labels = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H200"}
+    npu_labels = {"accelerator": "huawei-npu", "host-arch": "huawei-arm"}
+    nodes = [
+        node("gpu-a", {GPU: "8"}, gpu_labels, taints=[(GPU, None, "NoSchedule")]),
+        # no GPU feature discovery here: doctor must drop the chart's default label
+        node("gpu-b", {GPU: "8"}, {"nvidia.com/gpu.product": "NVIDIA-H200"}),
+        node(
+            "npu-a",
+            {"huawei.com/npu": "16"},
+            npu_labels,
+            taints=[("huawei.com/npu", "true", "NoSchedule")],
+        ),
+        node("amd-a", {"amd.com/gpu": "8"}),
+        node("cpu-a"),
+    ]
+    with FakeApiServer(nodes, [], [], {"moss"}) as api:
+        proc = run_doctor(
+            "--kubeconfig",
+            kubeconfig(tmp_path, api.url),
+            "--namespace",
+            "moss",
+            "--output",
+            "values",
+        )
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: node amd-a advertises amd.com/gpu" in proc.stderr
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(proc.stdout)
+    values = yaml.safe_load(proc.stdout)
+    assert values["devices"] == ["cuda", "npu"]
+    assert values["cuda"]["nodeSelector"] == {
+        "nvidia.com/gpu.present": None,
+        "nvidia.com/gpu.product": "NVIDIA-H200",
+    }
+
+    # as is: no edit between doctor and helm (the schema is strict, so a key
+    # the chart does not have fails here)
+    out = helm("template", "moss-vl", str(CHART), "--namespace", "moss", "-f", str(values_file))
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    errors = []
+    for doc in docs:
+        key = (doc["apiVersion"], doc["kind"])
+        if key in kval.crd_schemas():
+            continue
+        try:
+            kval.kv.validate(doc, kval.K8S_VERSION, strict=True)
+        except kval.kv.ValidationError as exc:
+            errors.append(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message}")
+    assert not errors, errors
+
+    by_device = {"cuda": nodes[:2], "npu": nodes[2:3]}
+    deployments = {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]
+        for d in docs
+        if d["kind"] == "Deployment"
+    }
+    assert set(deployments) == {"moss-vl-cuda", "moss-vl-npu"}
+    for device, pool_nodes in by_device.items():
+        spec = deployments[f"moss-vl-{device}"]
+        server = next(c for c in spec["containers"] if c["name"] == "server")
+        resource = values[device]["resourceName"]
+        assert server["resources"]["limits"][resource] == 1
+        for n in pool_nodes:
+            # the pod fits every node of its pool: labels, taints, resource
+            assert resource in n.status.allocatable
+            labels = n.metadata.labels
+            selector = spec.get("nodeSelector", {})
+            assert all(labels.get(k) == v for k, v in selector.items()), (device, selector)
+            for taint in n.spec.taints or []:
+                assert tolerates(spec.get("tolerations", []), taint), (device, taint)
+        # and none of the other pool's nodes
+        for other in (o for d, ns in by_device.items() if d != device for o in ns):
+            assert resource not in other.status.allocatable
+    # each pool its own image
+    images = {
+        name: next(c["image"] for c in spec["containers"]) for name, spec in deployments.items()
+    }
+    assert images["moss-vl-cuda"].endswith("-cuda") and images["moss-vl-npu"].endswith("-ascend")

@@ -322,7 +322,10 @@ def cann_version(toolkit_home: str | None = None) -> str | None:
     root = Path(home)
     if not root.is_dir():
         return None
-    candidates = [*sorted(root.glob("*/ascend_toolkit_install.info")), root / "compiler" / "version.info"]
+    candidates = [
+        *sorted(root.glob("*/ascend_toolkit_install.info")),
+        root / "compiler" / "version.info",
+    ]
     for info in candidates:
         try:
             text = info.read_text(encoding="utf-8", errors="replace")

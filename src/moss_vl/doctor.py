@@ -360,10 +360,11 @@ def _pool_values(
         )
     free = sum(n.free for n in chosen)
     if free == 0:
-        notes.append(f"every {resource} on the {device} nodes is already requested; pods will stay Pending")
-    selector: dict[str, Any] = {
-        key: None for key in CHART_NODE_SELECTORS[device]
-    }  # null drops the chart's default label
+        notes.append(
+            f"every {resource} on the {device} nodes is already requested; pods will stay Pending"
+        )
+    # null drops a chart default label (helm merges maps; `{}` would keep it)
+    selector: dict[str, Any] = dict.fromkeys(CHART_NODE_SELECTORS[device])
     selector.update(_common_selector(device, chosen, node_labels))
     if all(v is None for v in selector.values()):
         notes.append(

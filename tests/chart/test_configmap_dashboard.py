@@ -92,8 +92,12 @@ def test_device_and_pod_variables_filter_every_panel():
     dash = json.loads(DASHBOARD.read_text())
     variables = {v["name"]: v for v in dash["templating"]["list"]}
     device = variables["device"]
-    assert "label_values(" in device["query"]["query"] and device["query"]["query"].endswith(", device)")
-    assert device["includeAll"] and device["allValue"] == ".*", "All must also match series without the label"
+    assert "label_values(" in device["query"]["query"] and device["query"]["query"].endswith(
+        ", device)"
+    )
+    assert device["includeAll"] and device["allValue"] == ".*", (
+        "All must also match series without the label"
+    )
     assert 'device=~"$device"' in variables["pod"]["query"]["query"]
     names = [v["name"] for v in dash["templating"]["list"]]
     assert names.index("device") < names.index("pod"), "pod depends on device"

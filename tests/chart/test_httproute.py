@@ -55,7 +55,10 @@ def test_timeouts_fit_long_generations():
 def test_pool_weights():
     def refs(*sets):
         r = render("httpRoute.enabled=true", "devices={cuda,npu}", *sets)
-        return {b["name"]: b.get("weight") for b in r.get("HTTPRoute", RELEASE)["spec"]["rules"][0]["backendRefs"]}
+        return {
+            b["name"]: b.get("weight")
+            for b in r.get("HTTPRoute", RELEASE)["spec"]["rules"][0]["backendRefs"]
+        }
 
     assert refs("cuda.replicas=3") == {f"{RELEASE}-cuda": 3, f"{RELEASE}-npu": 1}
     assert refs("cuda.weight=90", "npu.weight=10") == {f"{RELEASE}-cuda": 90, f"{RELEASE}-npu": 10}

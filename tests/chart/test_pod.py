@@ -172,13 +172,18 @@ def test_accelerator_resources_and_placement(rendered, values):
         pool = values[device]
         res = container(spec, "server")["resources"]
         for kind in ("requests", "limits"):
-            expected = {**values["server"]["resources"].get(kind, {}), **pool["resources"].get(kind, {})}
+            expected = {
+                **values["server"]["resources"].get(kind, {}),
+                **pool["resources"].get(kind, {}),
+            }
             expected[pool["resourceName"]] = pool["count"]
             assert res[kind] == expected, f"{device} {kind}"
         assert res["limits"][pool["resourceName"]] == pool["count"]
         assert res["requests"][pool["resourceName"]] == pool["count"]
         assert "cpu" not in res["limits"], "no CPU limit on the server (throttling stalls batches)"
-        assert spec["nodeSelector"] == {k: v for k, v in pool["nodeSelector"].items() if v is not None}
+        assert spec["nodeSelector"] == {
+            k: v for k, v in pool["nodeSelector"].items() if v is not None
+        }
         assert spec.get("tolerations", []) == pool["tolerations"]
         other = {"cuda": "huawei.com/Ascend910", "npu": "nvidia.com/gpu"}[device]
         assert other not in res["limits"]
@@ -385,7 +390,9 @@ def test_every_pool_runs_its_own_image(rendered, values):
         elif not own["tag"]:
             assert seen[device].endswith("-" + values[device]["imageTagSuffix"])
         policy = own["pullPolicy"] or values["image"]["pullPolicy"]
-        assert {c["imagePullPolicy"] for c in spec["containers"] + spec.get("initContainers", [])} == {policy}
+        assert {
+            c["imagePullPolicy"] for c in spec["containers"] + spec.get("initContainers", [])
+        } == {policy}
     assert len(set(seen.values())) == len(seen), f"two pools share an image: {seen}"
 
 
@@ -446,10 +453,22 @@ def test_per_pool_scheduling_and_metadata():
     npu = r.get("Deployment", f"{RELEASE}-npu")["spec"]["template"]
     cuda = r.get("Deployment", f"{RELEASE}-cuda")["spec"]["template"]
     assert npu["spec"]["schedulerName"] == "volcano" and "schedulerName" not in cuda["spec"]
-    assert (npu["spec"]["runtimeClassName"], cuda["spec"]["runtimeClassName"]) == ("ascend", "nvidia")
-    assert (npu["spec"]["priorityClassName"], cuda["spec"]["priorityClassName"]) == ("npu-high", "base")
-    assert (npu["metadata"]["labels"]["team"], cuda["metadata"]["labels"]["team"]) == ("ascend", "llm")
-    assert npu["metadata"]["annotations"]["a"] == "shared" and npu["metadata"]["annotations"]["b"] == "npu"
+    assert (npu["spec"]["runtimeClassName"], cuda["spec"]["runtimeClassName"]) == (
+        "ascend",
+        "nvidia",
+    )
+    assert (npu["spec"]["priorityClassName"], cuda["spec"]["priorityClassName"]) == (
+        "npu-high",
+        "base",
+    )
+    assert (npu["metadata"]["labels"]["team"], cuda["metadata"]["labels"]["team"]) == (
+        "ascend",
+        "llm",
+    )
+    assert (
+        npu["metadata"]["annotations"]["a"] == "shared"
+        and npu["metadata"]["annotations"]["b"] == "npu"
+    )
     assert "b" not in cuda["metadata"]["annotations"]
     res = container(npu["spec"], "server")["resources"]
     assert res["limits"] == {"memory": "128Gi", "huawei.com/Ascend910": 1}
@@ -466,8 +485,10 @@ def test_pool_resources_cannot_override_the_accelerator():
 def test_shm_cannot_exceed_the_memory_limit():
     err = render_error("cuda.shmSize=200Gi")
     assert "cuda.shmSize=200Gi is above the server memory limit 96Gi" in err
-    spec = render("cuda.shmSize=96Gi").get("Deployment", f"{RELEASE}-cuda")["spec"]["template"]["spec"]
-    assert next(v for v in spec["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"] == "96Gi"
-    assert "above 512Gi" in render_error(
-        "cuda.shmSize=600Gi", "cuda.resources.limits.memory=1Ti"
+    spec = render("cuda.shmSize=96Gi").get("Deployment", f"{RELEASE}-cuda")["spec"]["template"][
+        "spec"
+    ]
+    assert (
+        next(v for v in spec["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"] == "96Gi"
     )
+    assert "above 512Gi" in render_error("cuda.shmSize=600Gi", "cuda.resources.limits.memory=1Ti")

@@ -121,7 +121,9 @@ def test_sglang_alerts(case):
         assert no_ready["labels"]["severity"] == "critical"
         assert no_ready["for"] == cfg["noReadyReplicaFor"]
         assert f'deployment="{RELEASE}-{device}"' in no_ready["expr"]
-    assert not any(k.startswith("MossVLNoReadyReplica/") and k.split("/")[1] not in pools_of(values) for k in r)
+    assert not any(
+        k.startswith("MossVLNoReadyReplica/") and k.split("/")[1] not in pools_of(values) for k in r
+    )
     assert promql.metric_names(r["MossVLQueueGrowing"]["expr"]) == {"sglang:num_queue_reqs"}
     assert "deriv(" in r["MossVLQueueGrowing"]["expr"]
     assert promql.metric_names(r["MossVLKVCacheNearlyFull"]["expr"]) == {"sglang:token_usage"}

@@ -26,7 +26,10 @@ def test_pvc_per_scenario(rendered, values):
     else:
         assert sorted(claims) == sorted(f"{RELEASE}-{d}-models" for d in pools)
         for d in pools:
-            assert claims[f"{RELEASE}-{d}-models"]["metadata"]["labels"]["moss-vl.openmoss.io/device"] == d
+            assert (
+                claims[f"{RELEASE}-{d}-models"]["metadata"]["labels"]["moss-vl.openmoss.io/device"]
+                == d
+            )
     for pvc in claims.values():
         assert pvc["spec"]["resources"]["requests"]["storage"] == storage["size"]
         assert pvc["spec"]["accessModes"] == storage["accessModes"]
@@ -49,7 +52,11 @@ def test_mixed_pools_get_a_claim_each_by_default():
 
 
 def test_one_read_write_many_claim_when_asked():
-    r = render("devices={cuda,npu}", "model.storage.shared=true", "model.storage.accessModes={ReadWriteMany}")
+    r = render(
+        "devices={cuda,npu}",
+        "model.storage.shared=true",
+        "model.storage.accessModes={ReadWriteMany}",
+    )
     (pvc,) = r.all("PersistentVolumeClaim")
     assert pvc["metadata"]["name"] == f"{RELEASE}-models"
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
@@ -59,7 +66,9 @@ def test_read_write_once_shared_by_two_pools_fails_saying_what_to_set():
     # the issue: both pools mounted one ReadWriteOnce claim and only NOTES warned
     err = render_error("devices={cuda,npu}", "model.storage.shared=true")
     assert "pools cuda, npu would share the ReadWriteOnce claim" in err
-    assert "model.storage.accessModes=[ReadWriteMany]" in err and "model.storage.shared=false" in err
+    assert (
+        "model.storage.accessModes=[ReadWriteMany]" in err and "model.storage.shared=false" in err
+    )
     err = render_error("devices={cuda,npu}", "model.storage.existingClaim=weights")
     assert "would share the existing claim weights" in err
     assert 'model.storage.existingClaim=""' in err

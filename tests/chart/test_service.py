@@ -72,14 +72,21 @@ def test_one_service_per_pool(rendered, values):
     routers = pod_labels(rendered, "router")
     pools = pools_of(values)
     pool_services = [
-        d for d in rendered.all("Service") if d["metadata"]["name"] in {f"{RELEASE}-{p}" for p in pools}
+        d
+        for d in rendered.all("Service")
+        if d["metadata"]["name"] in {f"{RELEASE}-{p}" for p in pools}
     ]
     assert len(pool_services) == len(pools)
     for device in pools:
         svc = rendered.get("Service", f"{RELEASE}-{device}")
         assert svc["spec"]["type"] == "ClusterIP"
         assert svc["spec"]["ports"] == [
-            {"name": "http", "port": values["service"]["port"], "targetPort": "http", "protocol": "TCP"}
+            {
+                "name": "http",
+                "port": values["service"]["port"],
+                "targetPort": "http",
+                "protocol": "TCP",
+            }
         ]
         selected = [labels for labels in servers if selects(svc["spec"]["selector"], labels)]
         assert [labels["moss-vl.openmoss.io/device"] for labels in selected] == [device]

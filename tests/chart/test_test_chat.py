@@ -214,6 +214,10 @@ def test_one_test_pod_per_pool_through_its_service(rendered, values):
         svc = rendered.get("Service", f"{RELEASE}-{device}")
         port = svc["spec"]["ports"][0]["port"]
         assert f"--url=http://{RELEASE}-{device}.{NAMESPACE}.svc:{port}" in c["args"]
-        assert pod["spec"]["volumes"] == rendered.get("Pod", f"{RELEASE}-test-chat")["spec"]["volumes"]
-    tests = [p for p in rendered.all("Pod") if p["metadata"]["annotations"].get("helm.sh/hook") == "test"]
+        assert (
+            pod["spec"]["volumes"] == rendered.get("Pod", f"{RELEASE}-test-chat")["spec"]["volumes"]
+        )
+    tests = [
+        p for p in rendered.all("Pod") if p["metadata"]["annotations"].get("helm.sh/hook") == "test"
+    ]
     assert len(tests) == 1 + len(pools_of(values))
