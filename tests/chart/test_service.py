@@ -91,6 +91,9 @@ def test_one_service_per_pool(rendered, values):
         selected = [labels for labels in servers if selects(svc["spec"]["selector"], labels)]
         assert [labels["moss-vl.openmoss.io/device"] for labels in selected] == [device]
         assert not any(selects(svc["spec"]["selector"], labels) for labels in routers)
+        # monitoring finds pods through <fullname>-server only (no double scrape)
+        server_svc = rendered.get("Service", f"{RELEASE}-server")
+        assert not selects(server_svc["metadata"]["labels"], svc["metadata"]["labels"])
 
 
 def test_mixed_install_has_both_pool_services_next_to_the_shared_one():
