@@ -110,3 +110,13 @@ def test_a_pool_weighing_zero_leaves_the_workers():
     args = parse_router_args(container(router(r)["spec"]["template"]["spec"], "router")["args"])
     assert args["selector"] == r.get("Service", f"{RELEASE}-cuda")["spec"]["selector"]
     assert args["selector"]["moss-vl.openmoss.io/device"] == "cuda"
+
+
+def test_router_repository_override_follows_the_shared_version():
+    r = render(
+        "router.enabled=true", "router.image.repository=mirror.example/moss-vl", "image.tag=0.1.1"
+    )
+    c = container(router(r)["spec"]["template"]["spec"], "router")
+    assert c["image"] == "mirror.example/moss-vl:0.1.1-cuda", (
+        "image.tag is a version, as for the pools"
+    )

@@ -152,7 +152,12 @@ Call with (dict "root" $ "device" "npu").
 {{- $first := first (include "moss-vl.devices" . | fromJsonArray) }}
 {{- $r := .Values.router.image }}
 {{- if or $r.repository $r.tag }}
-{{- $tag := default (printf "%s-%s" .Chart.AppVersion (index .Values $first).imageTagSuffix) (default .Values.image.tag $r.tag) }}
+{{- $suffix := (index .Values $first).imageTagSuffix }}
+{{- $version := .Values.image.tag }}
+{{- if and $version (not (hasSuffix (printf "-%s" $suffix) $version)) }}
+{{- $version = printf "%s-%s" $version $suffix }}
+{{- end }}
+{{- $tag := default (printf "%s-%s" .Chart.AppVersion $suffix) (default $version $r.tag) }}
 {{- printf "%s:%s" (default .Values.image.repository $r.repository) $tag }}
 {{- else }}
 {{- include "moss-vl.image" (dict "root" . "device" $first) }}
