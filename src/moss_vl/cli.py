@@ -192,18 +192,17 @@ def _env_sources(args: argparse.Namespace) -> dict[str, str]:
 def _sglang_parse(argv: Sequence[str]) -> str | None:
     """SGLang's own verdict on `argv` (its ServerArgs parser): None when it
     accepts them, else its error; None too when SGLang is not installed here."""
-    import argparse as _argparse
     import importlib.util
 
     if importlib.util.find_spec("sglang") is None:
         return None
     from sglang.srt.server_args import ServerArgs
 
-    parser = _argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
+    parser = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
     ServerArgs.add_cli_args(parser)
     try:
         _, unknown = parser.parse_known_args(list(argv))
-    except (_argparse.ArgumentError, SystemExit) as err:
+    except (argparse.ArgumentError, SystemExit) as err:
         return str(err)
     if unknown:
         return f"unrecognized arguments: {' '.join(unknown)}"

@@ -490,10 +490,6 @@ class DoctorError(Exception):
         self.exit_code = exit_code
 
 
-# The old name: every DoctorError means the cluster could not be judged.
-ClusterUnreachable = DoctorError
-
-
 def _api_client(kubeconfig: str | None, context: str | None, timeout: float):
     import os
 
