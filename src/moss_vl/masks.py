@@ -1,4 +1,4 @@
-"""MOSS-VL's frame-level cross-attention mask: pure torch, no sglang import.
+"""MOSS-VL's frame-level cross-attention mask: torch and numpy, no sglang import.
 
 Semantics (DESIGN.md §2). The encoder sequence of a request is its frames laid
 end to end, frame f spanning ``t_h * t_w // merge**2 + 1`` tokens (vision
@@ -13,7 +13,9 @@ request's ``extend_seq_len_i x encoder_len_i`` block in batch order. Requests
 with no encoder tokens or no new rows contribute nothing.
 
 Everything here works on the device of its inputs and loops, in Python, at
-most over requests: never over frames or rows.
+most over requests: never over frames or rows. Metadata on the CPU (SGLang
+keeps it there) is turned into the staircase with numpy, whose small-array
+operations cost microseconds where torch's CPU ops cost several each.
 """
 
 from __future__ import annotations
