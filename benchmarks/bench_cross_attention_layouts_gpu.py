@@ -153,6 +153,88 @@ def kernel_seconds(fn, repeat=20):
     return times[len(times) // 2]
 
 
+def measure(name, make, sync):
+    """One layout: every path side by side; the dict of results."""
+    spec = BatchSpec(make())
+    requests = mask_requests_of(spec)
+    case = cuda_case(spec)
+    staircase = masks.build_staircase(requests, 2)
+    area = sum(int(q) * int(e) for q, e in zip(case.extend_seq_lens, case.encoder_lens))
+    visible = staircase.visible_elements()
+    r = {"requests": len(spec.requests), "rows": int(case.extend_seq_lens.sum()),
+         "encoder": int(case.encoder_lens.sum()), "area": area, "visible": visible}
+
+    def prep_upstream():
+        return plan_custom_mask(case, masks.build_cross_attention_custom_mask(requests, 2, device="cuda"))
+
+    def prep_segments():
+        return plan_staircase(case, masks.build_staircase(requests, 2))
+
+    def prep_triton():
+        return plan_triton(case, masks.build_staircase(requests, 2))
+
+    w_mask = prep_upstream()
+    w_seg, seg = prep_segments()
+    w_tri = prep_triton()
+    r["segments"] = seg.num_segments
+    r["tiles"] = w_tri.tiles.num_tiles
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    prep_triton()
+    sync()
+    r["triton_plan_peak_bytes"] = torch.cuda.max_memory_allocated() - before
+
+    out_mask = run_custom_mask(case, w_mask)
+    out_seg = run_staircase(case, w_seg, seg)
+    out_tri = run_triton(case, w_tri)
+    has_kv = torch.repeat_interleave(case.encoder_lens > 0, case.extend_seq_lens).cuda()
+    r["max_diff_triton_vs_mask"] = (out_mask[has_kv].float() - out_tri[has_kv].float()).abs().max().item()
+    r["max_diff_segments_vs_mask"] = (out_mask[has_kv].float() - out_seg[has_kv].float()).abs().max().item()
+    r["triton_nan"] = bool(torch.isnan(out_tri).any())
+    r["triton_nonzero_in_empty_rows"] = int(torch.count_nonzero(out_tri[seg.empty_rows]))
+
+    r["prep_upstream"] = median_seconds(prep_upstream, repeat=10, sync=sync)
+    r["prep_segments"] = median_seconds(prep_segments, repeat=10, sync=sync)
+    r["prep_triton"] = median_seconds(prep_triton, repeat=10, sync=sync)
+    r["run_mask"] = kernel_seconds(lambda: run_custom_mask(case, w_mask))
+    r["run_segments"] = kernel_seconds(lambda: run_staircase(case, w_seg, seg))
+    r["run_triton"] = kernel_seconds(lambda: run_triton(case, w_tri))
+    # Wall clock of one prefill with host launch, for prep + run
+    r["wall_mask"] = median_seconds(lambda: run_custom_mask(case, w_mask), repeat=10, sync=sync)
+    r["wall_triton"] = median_seconds(lambda: run_triton(case, w_tri), repeat=10, sync=sync)
+    try:
+        w3 = plan_unmasked(case, "fa3")
+        r["run_fa3_unmasked"] = kernel_seconds(lambda: w3.run(case.query, paged_cache(case)))
+    except Exception as exc:  # the slimmed FlashInfer may lack the sm90 sources
+        r["fa3_unavailable"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+    # Gather K/V of the encoder into contiguous buffers first, then run on slots 0..n.
+    indices, _ = encoder_slots(case)
+    if indices.numel():
+        def gathered():
+            k = case.k_cache[indices.long()]
+            v = case.v_cache[indices.long()]
+            return staircase_kernel.staircase_prefill(
+                case.query, k, v, contiguous, w_tri.tiles, case.scale)
+        contiguous = torch.arange(indices.numel(), dtype=torch.int32, device="cuda")
+        r["run_triton_gathered_copy"] = kernel_seconds(gathered)
+    if "--sweep" in sys.argv and name in ("video-64f", "long-doc"):
+        sweep = {}
+        for block_rows in (32, 16):
+            tiles = staircase_kernel.tile_plan(
+                *staircase.batch_rows(case.extend_seq_lens.tolist())[:1],
+                case.extend_seq_lens.tolist(), case.encoder_lens.tolist(), block_rows, device="cuda")
+            for cfg in CONFIGS:
+                try:
+                    sweep[f"rows{block_rows}_n{cfg[0]}_w{cfg[1]}_s{cfg[2]}"] = kernel_seconds(
+                        lambda: staircase_kernel.staircase_prefill(
+                            case.query, case.k_cache, case.v_cache, w_tri.kv_indices, tiles,
+                            case.scale, config=cfg), repeat=10)
+                except Exception as exc:
+                    sweep[f"rows{block_rows}_n{cfg[0]}_w{cfg[1]}_s{cfg[2]}"] = f"{type(exc).__name__}: {str(exc)[:80]}"
+        r["sweep"] = sweep
+    return r
+
+
 def main() -> None:
     sync = torch.cuda.synchronize
     import flashinfer
@@ -162,86 +244,8 @@ def main() -> None:
           f"flashinfer {flashinfer.__version__}, bf16, heads {HEADS}/{KV_HEADS}, head_dim {HEAD_DIM}")
     results = {}
     for name, make in LAYOUTS.items():
-        spec = BatchSpec(make())
-        requests = mask_requests_of(spec)
-        case = cuda_case(spec)
-        staircase = masks.build_staircase(requests, 2)
-        area = sum(int(q) * int(e) for q, e in zip(case.extend_seq_lens, case.encoder_lens))
-        visible = staircase.visible_elements()
-        r = {"requests": len(spec.requests), "rows": int(case.extend_seq_lens.sum()),
-             "encoder": int(case.encoder_lens.sum()), "area": area, "visible": visible}
-
-        def prep_upstream():
-            return plan_custom_mask(case, masks.build_cross_attention_custom_mask(requests, 2, device="cuda"))
-
-        def prep_segments():
-            return plan_staircase(case, masks.build_staircase(requests, 2))
-
-        def prep_triton():
-            return plan_triton(case, masks.build_staircase(requests, 2))
-
-        w_mask = prep_upstream()
-        w_seg, seg = prep_segments()
-        w_tri = prep_triton()
-        r["segments"] = seg.num_segments
-        r["tiles"] = w_tri.tiles.num_tiles
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        prep_triton()
-        sync()
-        r["triton_plan_peak_bytes"] = torch.cuda.max_memory_allocated() - before
-
-        out_mask = run_custom_mask(case, w_mask)
-        out_seg = run_staircase(case, w_seg, seg)
-        out_tri = run_triton(case, w_tri)
-        has_kv = torch.repeat_interleave(case.encoder_lens > 0, case.extend_seq_lens).cuda()
-        r["max_diff_triton_vs_mask"] = (out_mask[has_kv].float() - out_tri[has_kv].float()).abs().max().item()
-        r["max_diff_segments_vs_mask"] = (out_mask[has_kv].float() - out_seg[has_kv].float()).abs().max().item()
-        r["triton_nan"] = bool(torch.isnan(out_tri).any())
-        r["triton_nonzero_in_empty_rows"] = int(torch.count_nonzero(out_tri[seg.empty_rows]))
-
-        r["prep_upstream"] = median_seconds(prep_upstream, repeat=10, sync=sync)
-        r["prep_segments"] = median_seconds(prep_segments, repeat=10, sync=sync)
-        r["prep_triton"] = median_seconds(prep_triton, repeat=10, sync=sync)
-        r["run_mask"] = kernel_seconds(lambda: run_custom_mask(case, w_mask))
-        r["run_segments"] = kernel_seconds(lambda: run_staircase(case, w_seg, seg))
-        r["run_triton"] = kernel_seconds(lambda: run_triton(case, w_tri))
-        # Wall clock of one prefill with host launch, for prep + run
-        r["wall_mask"] = median_seconds(lambda: run_custom_mask(case, w_mask), repeat=10, sync=sync)
-        r["wall_triton"] = median_seconds(lambda: run_triton(case, w_tri), repeat=10, sync=sync)
-        try:
-            w3 = plan_unmasked(case, "fa3")
-            r["run_fa3_unmasked"] = kernel_seconds(lambda: w3.run(case.query, paged_cache(case)))
-        except Exception as exc:  # the slimmed FlashInfer may lack the sm90 sources
-            r["fa3_unavailable"] = f"{type(exc).__name__}: {str(exc)[:160]}"
-        # Gather K/V of the encoder into contiguous buffers first, then run on slots 0..n.
-        indices, _ = encoder_slots(case)
-        if indices.numel():
-            def gathered():
-                k = case.k_cache[indices.long()]
-                v = case.v_cache[indices.long()]
-                return staircase_kernel.staircase_prefill(
-                    case.query, k, v, contiguous, w_tri.tiles, case.scale)
-            contiguous = torch.arange(indices.numel(), dtype=torch.int32, device="cuda")
-            r["run_triton_gathered_copy"] = kernel_seconds(gathered)
-        if "--sweep" in sys.argv and name in ("video-64f", "long-doc"):
-            sweep = {}
-            for block_rows in (32, 16):
-                tiles = staircase_kernel.tile_plan(
-                    *staircase.batch_rows(case.extend_seq_lens.tolist())[:1],
-                    case.extend_seq_lens.tolist(), case.encoder_lens.tolist(), block_rows, device="cuda")
-                for cfg in CONFIGS:
-                    try:
-                        sweep[f"rows{block_rows}_n{cfg[0]}_w{cfg[1]}_s{cfg[2]}"] = kernel_seconds(
-                            lambda: staircase_kernel.staircase_prefill(
-                                case.query, case.k_cache, case.v_cache, w_tri.kv_indices, tiles,
-                                case.scale, config=cfg), repeat=10)
-                    except Exception as exc:
-                        sweep[f"rows{block_rows}_n{cfg[0]}_w{cfg[1]}_s{cfg[2]}"] = f"{type(exc).__name__}: {str(exc)[:80]}"
-            r["sweep"] = sweep
-        results[name] = r
+        r = results[name] = measure(name, make, sync)
         print(name, json.dumps(r, default=float), flush=True)
-        del case, w_mask, w_seg, w_tri, out_mask, out_seg, out_tri
         torch.cuda.empty_cache()
 
     print(f"\n{'layout':11} {'rows':>6} {'enc':>7} {'vis':>4} {'segs':>5} | {'prep up':>9} {'prep seg':>9} "
