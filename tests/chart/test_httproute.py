@@ -1,8 +1,10 @@
 """templates/httproute.yaml: optional Gateway API HTTPRoute.
 
 Contract: rendered only when enabled; attaches to the given parents and
-hostnames, routes / to the client Service port, and carries request and
-backend timeouts long enough for image uploads and long generations.
+hostnames, routes the OpenAI-compatible API (`/v1` PathPrefix; `/health` Exact
+only with publishHealth) and nothing else to the client Service port, turns
+the API key on, and carries request and backend timeouts long enough for
+image uploads and long generations.
 """
 
 from __future__ import annotations
@@ -30,7 +32,16 @@ def test_route(rendered, values):
     assert route["spec"].get("hostnames", []) == values["httpRoute"]["hostnames"]
     (rule,) = route["spec"]["rules"]
     assert rule["backendRefs"] == [{"name": RELEASE, "port": values["service"]["port"]}]
-    assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/"}}]
+    assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/v1"}}]
+    assert rendered.get("Secret", f"{RELEASE}-api-key") or values["server"]["apiKey"]["existingSecret"]
+
+
+def test_health_only_when_asked():
+    route = render("httpRoute.enabled=true", "httpRoute.publishHealth=true").get("HTTPRoute", RELEASE)
+    assert route["spec"]["rules"][0]["matches"] == [
+        {"path": {"type": "PathPrefix", "value": "/v1"}},
+        {"path": {"type": "Exact", "value": "/health"}},
+    ]
 
 
 def test_timeouts_fit_long_generations():

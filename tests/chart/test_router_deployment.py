@@ -5,8 +5,11 @@ sglang-router 0.3.2 argument parser (unpacked by `make chart-tools`, never
 installed into .venv) and means: cache_aware policy, Kubernetes service
 discovery of exactly this release's server pods (the same labels as the
 server Service) in this namespace on the server port, base64-sized payloads,
-the worker API key from the Secret; the router mounts its token (it reads
-pods) and probes /readiness and /liveness.
+and, with a key, a launcher that reads the API key and the admin key from the
+Secret volume and hands them to the router inside the process (never on
+argv): --api-key (client auth on the inference routes, sent on to workers)
+and --control-plane-api-keys (the worker/cache admin API); the router mounts
+its token (it reads pods) and probes /readiness and /liveness.
 """
 
 from __future__ import annotations
@@ -50,7 +53,23 @@ def test_absent_unless_enabled(rendered, values):
     ]
 
 
-def test_args_parse_with_the_real_router():
+LAUNCHER_KEYS_DIR = "/etc/moss-vl/keys/"
+
+
+def launched_argv(c: dict, keys_dir: str) -> list[str]:
+    """The router argv the rendered launcher builds in-process, with keys from keys_dir."""
+    assert c["command"][:2] == ["python3", "-c"]
+    code = c["command"][2].replace(LAUNCHER_KEYS_DIR, keys_dir)
+    code = code.replace("main()", "print(json.dumps(sys.argv[1:]))")
+    proc = subprocess.run(
+        [sys.executable, "-c", "import json\n" + code, *c["args"]],
+        env={"PYTHONPATH": str(ROUTER_PKG)},
+        check=True, capture_output=True, text=True, timeout=60,
+    )
+    return json.loads(proc.stdout)
+
+
+def test_args_parse_with_the_real_router(tmp_path):
     assert (ROUTER_PKG / "sglang_router" / "router_args.py").exists(), "run `make chart-tools`"
     r = render(
         "router.enabled=true",
@@ -58,9 +77,12 @@ def test_args_parse_with_the_real_router():
         "server.apiKey.enabled=true",
         "server.apiKey.existingSecret=key",
     )
-    c = container(router(r)["spec"]["template"]["spec"], "router")
-    assert c["command"] == ["python3", "-m", "sglang_router.launch_router"]
-    args = parse_router_args(c["args"])
+    spec = router(r)["spec"]["template"]["spec"]
+    c = container(spec, "router")
+    (tmp_path / "api-key").write_text("client-key\n")
+    (tmp_path / "admin-api-key").write_text("admin-key\n")
+    argv = launched_argv(c, f"{tmp_path}/")
+    args = parse_router_args(argv)
     assert args["policy"] == "cache_aware"
     assert args["service_discovery"] is True
     assert args["selector"] == r.get("Service", RELEASE + "-server")["spec"]["selector"]
@@ -69,8 +91,20 @@ def test_args_parse_with_the_real_router():
     assert args["service_discovery_port"] == 30000
     assert args["port"] == 30000 and args["host"] == "0.0.0.0"
     assert args["max_payload_size"] >= 32 * 1024 * 1024
-    assert args["api_key"] == "$(MOSS_VL_API_KEY)"
-    assert env_of(c)["MOSS_VL_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "key"
+    assert args["api_key"] == "client-key"
+    assert args["control_plane_api_keys"] == [["admin", "moss-vl-admin", "admin-key", "admin"]]
+    assert "client-key" not in str(c) and "MOSS_VL_API_KEY" not in str(c), "no key on argv or env"
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["api-keys"] == LAUNCHER_KEYS_DIR.rstrip("/")
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "api-keys"]
+    assert vol["secret"]["secretName"] == "key"
+    assert [i["path"] for i in vol["secret"]["items"]] == ["api-key", "admin-api-key"]
+
+
+def test_plain_launch_without_a_key():
+    c = container(router(render("router.enabled=true"))["spec"]["template"]["spec"], "router")
+    assert c["command"] == ["python3", "-m", "sglang_router.launch_router"]
+    assert "api_key" not in str(parse_router_args(c["args"])["api_key"] or "api_key")
 
 
 def test_pod():
