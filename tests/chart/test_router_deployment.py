@@ -104,7 +104,8 @@ def test_args_parse_with_the_real_router(tmp_path):
 def test_plain_launch_without_a_key():
     c = container(router(render("router.enabled=true"))["spec"]["template"]["spec"], "router")
     assert c["command"] == ["python3", "-m", "sglang_router.launch_router"]
-    assert "api_key" not in str(parse_router_args(c["args"])["api_key"] or "api_key")
+    args = parse_router_args(c["args"])
+    assert args["api_key"] is None and args["control_plane_api_keys"] == []
 
 
 def test_pod():
