@@ -39,9 +39,13 @@ ADMIN_KEY = "admin-key-0123456789"
 WRONG = "wrong-key"
 # The router's own worker and cache API (sglang-router 0.3.2).
 ROUTER_ADMIN = [
-    ("GET", "/workers"), ("POST", "/workers"), ("GET", "/list_workers"),
-    ("POST", "/add_worker?url=http://127.0.0.1:1"), ("POST", "/remove_worker?url=http://127.0.0.1:1"),
-    ("POST", "/flush_cache"), ("GET", "/get_loads"),
+    ("GET", "/workers"),
+    ("POST", "/workers"),
+    ("GET", "/list_workers"),
+    ("POST", "/add_worker?url=http://127.0.0.1:1"),
+    ("POST", "/remove_worker?url=http://127.0.0.1:1"),
+    ("POST", "/flush_cache"),
+    ("GET", "/get_loads"),
 ]
 ROUTES_CODE = """
 import json
@@ -66,7 +70,7 @@ def sglang_routes() -> list[tuple[str, str, str]]:
     )
     line = next(l for l in proc.stdout.splitlines() if l.startswith("ROUTES "))
     routes = []
-    for path, methods, level in json.loads(line[len("ROUTES "):]):
+    for path, methods, level in json.loads(line[len("ROUTES ") :]):
         concrete = path.replace("{", "").replace("}", "").replace(":path", "")
         routes += [(m, concrete, level) for m in methods if m not in ("HEAD", "OPTIONS")]
     assert len(routes) > 50 and any(level == "admin_optional" for *_, level in routes)
@@ -99,15 +103,21 @@ def test_nothing_gets_through_the_ingress(sglang_routes):
         for header in (None, f"Bearer {WRONG}"):
             tried += 1
             allowed = decide_request_auth(
-                method=method, path=path, authorization_header=header,
-                api_key=API_KEY, admin_api_key=ADMIN_KEY, auth_level=AuthLevel(level),
+                method=method,
+                path=path,
+                authorization_header=header,
+                api_key=API_KEY,
+                admin_api_key=ADMIN_KEY,
+                auth_level=AuthLevel(level),
             ).allowed
             through += routed and allowed
     # Dot segments and encodings normalise before matching: still unrouted.
     for tricky in ("/v1/../flush_cache", "/v1/%2e%2e/flush_cache", "/v1x/models", "/V1/models"):
         assert not ingress_routes(tricky, paths), tricky
-    print(f"ingress: {tried} unauthenticated/wrong-key requests, {through} got through, "
-          f"{routed_admin} admin/metrics routes routed")
+    print(
+        f"ingress: {tried} unauthenticated/wrong-key requests, {through} got through, "
+        f"{routed_admin} admin/metrics routes routed"
+    )
     assert (through, routed_admin) == (0, 0)
     assert ingress_routes("/v1/chat/completions", paths)
 
@@ -142,13 +152,26 @@ def router(tmp_path_factory):
     code = c["command"][2].replace("/etc/moss-vl/keys/", f"{keys}/")
     workers = [FixtureServer(FixtureConfig(api_key=API_KEY)).start() for _ in range(2)]
     port, mport = free_port(), free_port()
-    args = ["--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
-            "--worker-urls", *[w.url for w in workers],
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(mport)]
+    args = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--policy",
+        "round_robin",
+        "--worker-urls",
+        *[w.url for w in workers],
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(mport),
+    ]
     log = keys / "router.log"
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, *args], env={**os.environ, "PYTHONPATH": str(ROUTER_PKG)},
-        stdout=open(log, "w"), stderr=subprocess.STDOUT,
+        [sys.executable, "-c", code, *args],
+        env={**os.environ, "PYTHONPATH": str(ROUTER_PKG)},
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -204,9 +227,11 @@ def test_nothing_gets_through_the_router(router, sglang_routes):
             assert not (level != "normal" and key == API_KEY and status < 400), (method, path)
     new = [r for w, n in zip(workers, before) for r in w.records[n:]]
     forwarded, worker_paths = len(new), {r.path for r in new}
-    print(f"router: {tried} requests without a key, with a wrong key, or with the client key on "
-          f"admin routes; {through} answered 2xx/3xx: {passed}; {forwarded} reached a worker: "
-          f"{sorted(worker_paths)}")
+    print(
+        f"router: {tried} requests without a key, with a wrong key, or with the client key on "
+        f"admin routes; {through} answered 2xx/3xx: {passed}; {forwarded} reached a worker: "
+        f"{sorted(worker_paths)}"
+    )
     # sglang-router 0.3.2 answers these without client auth: its own health and
     # model list, and /get_server_info, which it fills from the workers with its
     # own key. None is an admin action; none is routed out of the cluster (the

@@ -17,7 +17,6 @@ stand-in running the same argv through SGLang's parsing and logging.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import subprocess
@@ -84,9 +83,25 @@ def test_keys_never_reach_argv_env_or_logs(tmp_path, model_dir):
     log = tmp_path / "server.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-c", RUN_SERVE, str(standin), "serve", "--device", "cuda",
-             "--model-path", model_dir, "--", "--log-level", "info"],
-            env=env, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-c",
+                RUN_SERVE,
+                str(standin),
+                "serve",
+                "--device",
+                "cuda",
+                "--model-path",
+                model_dir,
+                "--",
+                "--log-level",
+                "info",
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
     try:
         proc.stdin.write(f"{API_KEY}\n{ADMIN_KEY}\n")
@@ -150,7 +165,9 @@ def test_refused(model_dir, extra, flag):
 
 def test_one_tokenizer_worker_without_key_is_fine(model_dir):
     build_command(
-        ServeConfig(device="cuda", model_path=model_dir, extra_args=("--tokenizer-worker-num", "2")),
+        ServeConfig(
+            device="cuda", model_path=model_dir, extra_args=("--tokenizer-worker-num", "2")
+        ),
         visible=1,
     )
 

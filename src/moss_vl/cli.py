@@ -193,7 +193,11 @@ def _keys() -> tuple[str | None, str | None]:
     try:
         if api_key_file:
             api_key = read_key_file(api_key_file, environ.MOSS_VL_API_KEY_FILE.name)
-        admin = read_key_file(admin_file, environ.MOSS_VL_ADMIN_API_KEY_FILE.name) if admin_file else None
+        admin = (
+            read_key_file(admin_file, environ.MOSS_VL_ADMIN_API_KEY_FILE.name)
+            if admin_file
+            else None
+        )
     except PresetError as err:
         raise Refused(str(err)) from None
     if admin and admin == api_key:

@@ -498,9 +498,7 @@ def read_key_file(path: str, variable: str) -> str:
         raise PresetError(variable, f"cannot read the key file {path!r}: {err.strerror}") from None
     key = key[:-1] if key.endswith("\n") else key
     if not key or key != key.strip():
-        raise PresetError(
-            variable, f"the key file {path!r} is empty or has surrounding whitespace"
-        )
+        raise PresetError(variable, f"the key file {path!r} is empty or has surrounding whitespace")
     return key
 
 

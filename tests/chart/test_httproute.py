@@ -33,11 +33,15 @@ def test_route(rendered, values):
     (rule,) = route["spec"]["rules"]
     assert rule["backendRefs"] == [{"name": RELEASE, "port": values["service"]["port"]}]
     assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/v1"}}]
-    assert rendered.get("Secret", f"{RELEASE}-api-key") or values["server"]["apiKey"]["existingSecret"]
+    assert (
+        rendered.get("Secret", f"{RELEASE}-api-key") or values["server"]["apiKey"]["existingSecret"]
+    )
 
 
 def test_health_only_when_asked():
-    route = render("httpRoute.enabled=true", "httpRoute.publishHealth=true").get("HTTPRoute", RELEASE)
+    route = render("httpRoute.enabled=true", "httpRoute.publishHealth=true").get(
+        "HTTPRoute", RELEASE
+    )
     assert route["spec"]["rules"][0]["matches"] == [
         {"path": {"type": "PathPrefix", "value": "/v1"}},
         {"path": {"type": "Exact", "value": "/health"}},

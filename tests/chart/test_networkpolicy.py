@@ -51,7 +51,9 @@ def test_server_policy(rendered, values):
     if values["httpRoute"]["enabled"] and not values["router"]["enabled"]:
         for ref in values["httpRoute"]["parentRefs"]:
             ns = ref.get("namespace", NAMESPACE)
-            assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}} in peers
+            assert {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}
+            } in peers
 
 
 def test_router_policy():
@@ -122,5 +124,9 @@ def test_edge_reaches_the_router_not_the_servers():
 def test_nothing_else_without_an_edge():
     peers = server_peers()
     assert ns_peer("ingress-nginx") not in peers
-    assert all("namespaceSelector" not in p for p in peers if p not in render().get(
-        "NetworkPolicy", f"{RELEASE}-server")["spec"]["ingress"][0]["from"][-1:])
+    assert all(
+        "namespaceSelector" not in p
+        for p in peers
+        if p
+        not in render().get("NetworkPolicy", f"{RELEASE}-server")["spec"]["ingress"][0]["from"][-1:]
+    )

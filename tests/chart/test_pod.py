@@ -85,7 +85,11 @@ def test_core_env(rendered, values):
         assert env["TRANSFORMERS_OFFLINE"]["value"] == "1"
         assert env["SGLANG_PLUGINS"]["value"] == "moss_vl"
         keyed = any(
-            (values["server"]["apiKey"]["enabled"], values["ingress"]["enabled"], values["httpRoute"]["enabled"])
+            (
+                values["server"]["apiKey"]["enabled"],
+                values["ingress"]["enabled"],
+                values["httpRoute"]["enabled"],
+            )
         )
         assert "MOSS_VL_API_KEY" not in env, "a key value in the environment; files only"
         if keyed:

@@ -18,7 +18,7 @@ import json
 import subprocess
 import sys
 
-from .chart_render import NAMESPACE, RELEASE, REPO, container, env_of, render
+from .chart_render import NAMESPACE, RELEASE, REPO, container, render
 
 ROUTER_PKG = REPO / ".tools" / "sglang-router-0.3.2"
 
@@ -64,7 +64,10 @@ def launched_argv(c: dict, keys_dir: str) -> list[str]:
     proc = subprocess.run(
         [sys.executable, "-c", "import json\n" + code, *c["args"]],
         env={"PYTHONPATH": str(ROUTER_PKG)},
-        check=True, capture_output=True, text=True, timeout=60,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     return json.loads(proc.stdout)
 
