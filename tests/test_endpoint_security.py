@@ -68,7 +68,7 @@ def sglang_routes() -> list[tuple[str, str, str]]:
     proc = subprocess.run(
         [sys.executable, "-c", ROUTES_CODE], capture_output=True, text=True, timeout=300, check=True
     )
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("ROUTES "))
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("ROUTES "))
     routes = []
     for path, methods, level in json.loads(line[len("ROUTES ") :]):
         concrete = path.replace("{", "").replace("}", "").replace(":path", "")

@@ -17,6 +17,7 @@ stand-in running the same argv through SGLang's parsing and logging.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -33,18 +34,41 @@ API_KEY = "k3y-" + "A" * 20 + "-api"
 ADMIN_KEY = "k3y-" + "B" * 20 + "-admin"
 
 STANDIN = """
-import logging, sys, time
+import json, logging, sys, time
 from sglang.srt.plugins import load_plugins
 load_plugins()
+from importlib.metadata import version
 from sglang.srt.server_args import prepare_server_args
-from sglang.srt.entrypoints.engine import _server_args_for_logging
-sa = prepare_server_args(sys.argv[1:])
-logging.getLogger("sglang").info(f"server_args={_server_args_for_logging(sa)}")
-logging.getLogger("sglang").info(f"launch_command={sa.launch_command}")
+# 0.5.17 resolves an unset --device from the hardware and finds none here.
+cpu = ["--device", "cpu"] if version("sglang") == "0.5.17" else []
+sa = prepare_server_args(sys.argv[1:] + cpu)
+log = logging.getLogger("sglang")
+try:  # 0.5.23: engine logs _server_args_for_logging(); /server_info is build_server_info()
+    from sglang.srt.entrypoints.engine import _server_args_for_logging
+    from sglang.srt.sampling.watermarking.core import redact_watermark_secrets
+    from sglang.srt.utils.common import build_server_info
+    log.info(f"server_args={_server_args_for_logging(sa)}")
+    log.info(f"launch_command={sa.launch_command}")
+    info = redact_watermark_secrets(build_server_info(sa, {}))
+except ImportError:  # 0.5.17: engine logs f"{server_args=}"; /server_info resolves asdict()
+    import dataclasses, types
+    from sglang.srt.managers import tokenizer_manager as tm
+    server_args = sa
+    log.info(f"{server_args=}")
+    owned = {name: None for name in tm._MANAGER_OWNED_FIELDS}
+    manager = types.SimpleNamespace(_config_updates=[], **owned)
+    info = tm.TokenizerManager.resolved_config_dict(manager, dataclasses.asdict(sa))
+print("SERVER_INFO " + json.dumps(info, default=str), flush=True)
 print("PARSED " + str(sa.api_key == sys.stdin.readline().strip()) + " "
       + str(sa.admin_api_key == sys.stdin.readline().strip()), flush=True)
 time.sleep(60)
 """
+
+PYTHONS = {
+    "0.5.23": Path(sys.executable),
+    "0.5.17": Path(__file__).resolve().parents[1] / ".venv-sglang-0.5.17" / "bin" / "python",
+}
+
 
 # Runs the real `moss-vl serve`; only the exec target is swapped for the stand-in.
 RUN_SERVE = """
@@ -64,10 +88,28 @@ sys.exit(main(sys.argv[1:]))
 def model_dir(tmp_path) -> str:
     d = tmp_path / "model"
     d.mkdir()
+    # 0.5.17 reads the model's config while it resolves defaults; a tiny stand-in
+    # config is enough (nothing is loaded).
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 2,
+        "vocab_size": 128,
+        "max_position_embeddings": 256,
+    }
+    (d / "config.json").write_text(json.dumps(config))
     return str(d)
 
 
-def test_keys_never_reach_argv_env_or_logs(tmp_path, model_dir):
+@pytest.mark.parametrize("sglang", PYTHONS)
+def test_keys_never_reach_argv_env_or_logs(tmp_path, model_dir, sglang):
+    python = PYTHONS[sglang]
+    if not python.exists():
+        pytest.skip(f"no SGLang {sglang} environment at {python} (make install-compat)")
     (tmp_path / "api-key").write_text(API_KEY + "\n")
     (tmp_path / "admin-api-key").write_text(ADMIN_KEY)
     standin = tmp_path / "standin.py"
@@ -84,7 +126,7 @@ def test_keys_never_reach_argv_env_or_logs(tmp_path, model_dir):
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [
-                sys.executable,
+                str(python),
                 "-c",
                 RUN_SERVE,
                 str(standin),
@@ -118,16 +160,20 @@ def test_keys_never_reach_argv_env_or_logs(tmp_path, model_dir):
         proc.wait(30)
     text = log.read_text()
     assert "PARSED True True" in text, "SGLang must still receive both keys"
-    assert "server_args={" in text and "launch_command=" in text
+    assert "server_args=" in text and "SERVER_INFO {" in text
     config_path = cmdline[cmdline.index("--config") + 1]
     figures = {
         "argv": sum(k in a for a in cmdline for k in (API_KEY, ADMIN_KEY)),
         "environ": sum(environ.count(k) for k in (API_KEY, ADMIN_KEY)),
         "log": sum(text.count(k) for k in (API_KEY, ADMIN_KEY)),
     }
-    print(f"key occurrences: {figures}")
+    print(f"SGLang {sglang}: key occurrences: {figures}")
     assert figures == {"argv": 0, "environ": 0, "log": 0}
-    assert "'api_key': '<redacted>'" in text and "'admin_api_key': '<redacted>'" in text
+    if sglang == "0.5.23":
+        assert "'api_key': '<redacted>'" in text and "'admin_api_key': '<redacted>'" in text
+    else:
+        assert "api_key='<redacted>'" in text and "admin_api_key='<redacted>'" in text
+    assert '"api_key": "<redacted>"' in text and '"admin_api_key": "<redacted>"' in text
     assert stat.S_IMODE(os.stat(config_path).st_mode) == 0o600
     os.unlink(config_path)
 

@@ -5,14 +5,18 @@ the cluster through an Ingress or HTTPRoute) and no existing Secret is named;
 holds the API key (`value`, else generated) under `secretKey` and a separate,
 generated admin key under `adminSecretKey`. A generated key is read back with
 `lookup`, so upgrades keep it; `helm template` has no cluster, so each render
-here draws new keys (the lookup branch itself needs a cluster: see the README).
+here draws new keys; the upgrade branch is rendered with `lookup` replaced by
+the Secret a cluster would return.
 """
 
 from __future__ import annotations
 
 import base64
+import shutil
 
-from .chart_render import RELEASE, render, render_error
+import yaml
+
+from .chart_render import CHART, NAMESPACE, RELEASE, helm, render, render_error
 
 
 def keys(r) -> dict[str, str]:
@@ -61,3 +65,44 @@ def test_no_key_without_exposure():
 def test_admin_key_must_be_separate():
     err = render_error("server.apiKey.enabled=true", "server.apiKey.adminSecretKey=api-key")
     assert "server.apiKey.adminSecretKey" in err
+
+
+LOOKUP = '(lookup "v1" "Secret" .Release.Namespace $name)'
+
+
+def render_with_existing(tmp_path, data: dict[str, str], *sets: str) -> dict[str, str]:
+    """Render with `lookup` answering as a cluster holding a Secret with `data`.
+
+    `helm template` never reaches a cluster (lookup returns an empty map), so
+    the upgrade branch is checked on a copy of the chart whose lookup call is
+    replaced by that Secret, as the API server would return it.
+    """
+    chart = tmp_path / "moss-vl"
+    shutil.copytree(CHART, chart)
+    secret = chart / "templates" / "secret.yaml"
+    text = secret.read_text()
+    assert LOOKUP in text
+    entries = " ".join(f'"{k}" "{base64.b64encode(v.encode()).decode()}"' for k, v in data.items())
+    secret.write_text(text.replace(LOOKUP, f'(dict "data" (dict {entries}))'))
+    args = ["template", RELEASE, str(chart), "--namespace", NAMESPACE]
+    for s in sets:
+        args += ["--set", s]
+    docs = [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+    (found,) = [d for d in docs if d["kind"] == "Secret"]
+    return {k: base64.b64decode(v).decode() for k, v in found["data"].items()}
+
+
+def test_upgrade_keeps_generated_keys(tmp_path):
+    old = {"api-key": "kept-api-key", "admin-api-key": "kept-admin-key"}
+    assert render_with_existing(tmp_path, old, "ingress.enabled=true") == old
+
+
+def test_upgrade_value_wins_admin_key_kept(tmp_path):
+    old = {"api-key": "kept-api-key", "admin-api-key": "kept-admin-key"}
+    found = render_with_existing(tmp_path, old, "ingress.enabled=true", "server.apiKey.value=new")
+    assert found == {"api-key": "new", "admin-api-key": "kept-admin-key"}
+
+
+def test_upgrade_from_a_release_without_admin_key(tmp_path):
+    found = render_with_existing(tmp_path, {"api-key": "kept"}, "server.apiKey.enabled=true")
+    assert found["api-key"] == "kept" and len(found["admin-api-key"]) == 48
