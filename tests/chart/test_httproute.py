@@ -33,9 +33,8 @@ def test_route(rendered, values):
     (rule,) = route["spec"]["rules"]
     assert rule["backendRefs"] == [{"name": RELEASE, "port": values["service"]["port"]}]
     assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/v1"}}]
-    assert (
-        rendered.get("Secret", f"{RELEASE}-api-key") or values["server"]["apiKey"]["existingSecret"]
-    )
+    key = values["server"]["apiKey"]
+    assert rendered.maybe("Secret", f"{RELEASE}-api-key") or key["existingSecret"]
 
 
 def test_health_only_when_asked():

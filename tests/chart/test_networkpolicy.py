@@ -122,11 +122,20 @@ def test_edge_reaches_the_router_not_the_servers():
 
 
 def test_nothing_else_without_an_edge():
-    peers = server_peers()
-    assert ns_peer("ingress-nginx") not in peers
-    assert all(
-        "namespaceSelector" not in p
-        for p in peers
-        if p
-        not in render().get("NetworkPolicy", f"{RELEASE}-server")["spec"]["ingress"][0]["from"][-1:]
-    )
+    chart_pod = {"app.kubernetes.io/name": "moss-vl", "app.kubernetes.io/instance": RELEASE}
+    expected = [
+        {"podSelector": {"matchLabels": {"moss-vl.openmoss.io/client": "true"}}},
+        {"podSelector": {"matchLabels": {**chart_pod, "app.kubernetes.io/component": "helm-test"}}},
+        {
+            "podSelector": {
+                "matchLabels": {
+                    **chart_pod,
+                    "app.kubernetes.io/component": "loadtest",
+                    "moss-vl.openmoss.io/locust-role": "worker",
+                }
+            }
+        },
+        *render().get("NetworkPolicy", f"{RELEASE}-server")["spec"]["ingress"][0]["from"][-1:],
+    ]
+    assert server_peers() == expected
+    assert expected[-1]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
