@@ -9,7 +9,8 @@ and, with a key, a launcher that reads the API key and the admin key from the
 Secret volume and hands them to the router inside the process (never on
 argv): --api-key (client auth on the inference routes, sent on to workers)
 and --control-plane-api-keys (the worker/cache admin API); the router mounts
-its token (it reads pods) and probes /readiness and /liveness.
+its token (it reads pods) and probes /readiness and /liveness. A pool whose
+weight is 0 is left out of the workers (the selector narrows to the other pool).
 """
 
 from __future__ import annotations
@@ -140,3 +141,20 @@ def test_image_follows_first_pool_or_override():
         "router",
     )
     assert c["image"] == "lmsysorg/sglang-router:0.3.2"
+
+
+def test_a_pool_weighing_zero_leaves_the_workers():
+    r = render("router.enabled=true", "devices={cuda,npu}", "npu.weight=0")
+    args = parse_router_args(container(router(r)["spec"]["template"]["spec"], "router")["args"])
+    assert args["selector"] == r.get("Service", f"{RELEASE}-cuda")["spec"]["selector"]
+    assert args["selector"]["moss-vl.openmoss.io/device"] == "cuda"
+
+
+def test_router_repository_override_follows_the_shared_version():
+    r = render(
+        "router.enabled=true", "router.image.repository=mirror.example/moss-vl", "image.tag=0.1.1"
+    )
+    c = container(router(r)["spec"]["template"]["spec"], "router")
+    assert c["image"] == "mirror.example/moss-vl:0.1.1-cuda", (
+        "image.tag is a version, as for the pools"
+    )
