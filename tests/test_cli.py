@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from moss_vl import __version__, cli, presets
+from moss_vl import __version__, cli
 
 HUB_ID = "OpenMOSS/MOSS-VL-Instruct-0708"
 
