@@ -99,6 +99,12 @@ MOSS_VL_CUDA_GRAPH_BS = _str(
     "MOSS_VL_CUDA_GRAPH_BS", None, "space-separated graph batch sizes (npu preset: 1 2 4 8 16 32)"
 )
 MOSS_VL_API_KEY = _str("MOSS_VL_API_KEY", None, "API key clients must send (from a Secret)")
+MOSS_VL_API_KEY_FILE = _str(
+    "MOSS_VL_API_KEY_FILE", None, "file holding the API key (a Secret volume); never put on argv"
+)
+MOSS_VL_ADMIN_API_KEY_FILE = _str(
+    "MOSS_VL_ADMIN_API_KEY_FILE", None, "file holding the key for SGLang's admin endpoints"
+)
 MOSS_VL_EXTRA_ARGS = _str(
     "MOSS_VL_EXTRA_ARGS", "", "extra SGLang arguments, shell-quoted, appended after the preset"
 )

@@ -100,6 +100,7 @@ HOOK_MODULES = (
     "moss_vl.hooks.patch_moss_vl",
     "moss_vl.hooks.patch_schedule_batch",
     "moss_vl.hooks.patch_flashinfer_backend",
+    "moss_vl.hooks.patch_key_redaction",
 )
 
 
