@@ -77,7 +77,12 @@ def original(target: str):
 
 def normalised_source(obj) -> str:
     """``obj``'s source as tokens: no comments, docstring, blank lines or wrapping."""
-    source = textwrap.dedent(inspect.getsource(obj))
+    return normalise(inspect.getsource(obj))
+
+
+def normalise(source: str) -> str:
+    """The tokens of one function or class definition, structure kept."""
+    source = textwrap.dedent(source)
     docstring_lines: set[int] = set()
     tree = ast.parse(source)
     node = tree.body[0] if tree.body else None
