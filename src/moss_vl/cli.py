@@ -176,9 +176,26 @@ def _env_sources(args: argparse.Namespace) -> dict[str, str]:
     return sources
 
 
+def _check_variables(args: argparse.Namespace) -> None:
+    """Refuse every bad MOSS_VL_* value before anything starts, the plugin's
+    own included (the plugin reads them inside SGLang's processes and would
+    refuse them there, later); a variable whose flag was given is not read."""
+    given = {var.name for name, var in SERVE_ENV.items() if getattr(args, name) is not None}
+    errors = environ.invalid(tuple(v for v in environ.ALL if v.name not in given))
+    if errors:
+        raise Refused("; ".join(errors))
+    for name, declared in environ.unknown_names():
+        print(
+            f"moss-vl serve: warning: {name} is set but moss-vl reads no such variable "
+            f"(did you mean {declared}?)",
+            file=sys.stderr,
+        )
+
+
 def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from moss_vl.presets import LAUNCH_MODULE, PresetError, ServeConfig, build_command
 
+    _check_variables(args)
     device = _resolve_device(_flag_or_env(args, "device"))
     config = ServeConfig(
         device=device,

@@ -12,16 +12,19 @@ edit here: widen the line (``<0.5.24`` becomes ``<0.5.25``).
 ``make test-compat SGLANG=0.5.24`` says whether they changed; the checklist
 is docs/upgrading-sglang.md.
 
-This module imports only ``packaging`` (an SGLang dependency): the CLI and
-the plugin read it before anything heavy is imported.
+``packaging`` (an SGLang dependency) is imported only when a version is
+compared: `moss-vl serve` imports this module where SGLang is not installed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
+if TYPE_CHECKING:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
 
 
 @dataclass(frozen=True)
@@ -29,22 +32,31 @@ class Line:
     """SGLang releases one set of hook bodies fits.
 
     ``name`` is the release the hooks were written against (and the key of
-    the upstream source hashes recorded for it); ``releases`` the range.
+    the upstream source hashes recorded for it); ``specifier`` the range, a
+    PEP 440 specifier set (``releases``).
     """
 
     name: str
-    releases: SpecifierSet
+    specifier: str
+
+    @cached_property
+    def releases(self) -> SpecifierSet:
+        from packaging.specifiers import SpecifierSet
+
+        return SpecifierSet(self.specifier)
 
     def __contains__(self, version: object) -> bool:
         parsed = parse(version)
         return parsed is not None and self.releases.contains(parsed)
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.releases})"
+        return f"{self.name} ({self.specifier})"
 
 
 def parse(version: object) -> Version | None:
     """``version`` as a PEP 440 Version, or None when it is absent or not one."""
+    from packaging.version import InvalidVersion, Version
+
     if isinstance(version, Version):
         return version
     if not isinstance(version, str):
@@ -57,9 +69,9 @@ def parse(version: object) -> Version | None:
 
 # ---- the supported lines (oldest first) ---------------------------------------
 # torch 2.11 stacks; the default Ascend image (torch-npu 2.11.0.post3).
-SGLANG_0_5_17 = Line("0.5.17", SpecifierSet(">=0.5.17,<0.5.18"))
+SGLANG_0_5_17 = Line("0.5.17", ">=0.5.17,<0.5.18")
 # torch 2.14 stacks; the CUDA image and `.venv`.
-SGLANG_0_5_23 = Line("0.5.23", SpecifierSet(">=0.5.23,<0.5.24"))
+SGLANG_0_5_23 = Line("0.5.23", ">=0.5.23,<0.5.24")
 
 LINES: tuple[Line, ...] = (SGLANG_0_5_17, SGLANG_0_5_23)
 
@@ -86,15 +98,15 @@ def nearest_line(version: object, lines: tuple[Line, ...] = LINES) -> Line:
     if found is not None:
         return found
     parsed = parse(version)
-    ordered = sorted(lines, key=lambda line: Version(line.name))
+    ordered = sorted(lines, key=lambda line: parse(line.name))
     if parsed is None:
         return ordered[-1]
-    older = [line for line in ordered if Version(line.name) <= parsed]
+    older = [line for line in ordered if parse(line.name) <= parsed]
     return older[-1] if older else ordered[0]
 
 
 def describe(lines: tuple[Line, ...] = LINES) -> str:
-    """``0.5.17 (<0.5.18,>=0.5.17), 0.5.23 (...)``: for messages."""
+    """``0.5.17 (>=0.5.17,<0.5.18), 0.5.23 (...)``: for messages."""
     return ", ".join(str(line) for line in lines)
 
 
