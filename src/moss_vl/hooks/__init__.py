@@ -41,9 +41,13 @@ patch_ascend_backend: ``...npu.attention.ascend_backend.AscendAttnBackend.forwar
     Why: it calls the native backend without the mask.
     How: for cross-attention layers, hands ``forward_batch.cross_attention_custom_mask``
         to the native call through a context variable; refuses, with a clear
-        error, paths that cannot take a mask (MLA, sinks, SWA over FIA, sparse,
-        speculative); counts a mask that was built but not consumed as
-        ``path="dropped"``.
+        error naming what to change, the branches of upstream's forward_extend
+        that cannot take a mask (MLA, diffusion LLM, sparse, speculative, sinks,
+        FIA with or without sliding window, context parallel, FA); counts a
+        mask that was built but not consumed as ``path="dropped"``. The
+        settings among these are refused at start already (patch_overrides,
+        and ``moss-vl serve``); MLA, sinks and sparse are model properties
+        MOSS-VL does not have, so they are left to this runtime check.
     Removal: with the native-backend patch.
     Upstream: #38500 adds the parameter; no upstream change found that passes
         the mask from ``forward_extend``.
