@@ -191,7 +191,7 @@ def test_bad_variable_is_refused_by_name(capsys, monkeypatch, var, value):
     "var, value, expected",
     [
         ("MOSS_VL_CROSS_ATTN_PLAN", "segments",
-         "MOSS_VL_CROSS_ATTN_PLAN='segments': expected one of staircase, mask"),
+         "MOSS_VL_CROSS_ATTN_PLAN='segments': expected one of triton, staircase, mask"),
         ("MOSS_VL_DISABLE_HOOKS", "moss_vl.insert_separator",
          "MOSS_VL_DISABLE_HOOKS='moss_vl.insert_separator': unknown hook "
          "'moss_vl.insert_separator'; expected comma-separated names from: "),

@@ -208,7 +208,7 @@ def test_a_post_release_or_local_build_of_a_line_is_supported(fresh, monkeypatch
     "var, value, expected",
     [
         ("MOSS_VL_CROSS_ATTN_PLAN", "segments",
-         "MOSS_VL_CROSS_ATTN_PLAN='segments': expected one of staircase, mask"),
+         "MOSS_VL_CROSS_ATTN_PLAN='segments': expected one of triton, staircase, mask"),
         ("MOSS_VL_DISABLE_HOOKS", "moss_vl.insert_separator",
          "MOSS_VL_DISABLE_HOOKS='moss_vl.insert_separator': unknown hook "
          "'moss_vl.insert_separator'; expected comma-separated names from: "),
@@ -292,12 +292,14 @@ def test_every_hook_names_a_known_kind_and_lines():
         assert hook.sglang_versions and set(hook.sglang_versions) <= set(LINES)
 
 
-def test_each_line_has_exactly_one_body_per_hook():
+def test_each_line_has_at_most_one_body_per_hook():
+    # A hook may exist on one line only (key redaction patches different
+    # symbols per line), but never with two bodies on the same line.
     names = {h.name for h in all_hooks()}
     for line in LINES:
         for name in names:
             bodies = [h for h in all_hooks() if h.name == name and line in h.sglang_versions]
-            assert len(bodies) == 1, f"{name}: {len(bodies)} bodies for SGLang line {line}"
+            assert len(bodies) <= 1, f"{name}: {len(bodies)} bodies for SGLang line {line}"
 
 
 def test_a_hook_names_its_lines_by_name_or_line():

@@ -16,9 +16,17 @@ import torch
 
 runner_mod = pytest.importorskip("sglang.srt.model_executor.runner.decode_cuda_graph_runner")
 
-from moss_vl.hooks.patch_decode_cuda_graph_runner import TARGETS, admit_text_rows  # noqa: E402
+from moss_vl.hooks import upstream  # noqa: E402
+from moss_vl.hooks.patch_decode_cuda_graph_runner import TARGET, TARGETS, admit_text_rows  # noqa: E402
 
-UPSTREAM = runner_mod.DecodeCudaGraphRunner.can_run_graph
+# Unwrapped (another test of the session may have applied the plugin's hooks),
+# and kept in a tuple: HookRegistry rebinds every module-level name bound to a
+# function it patches, this module's included.
+_UPSTREAM = (upstream.original(TARGET),)
+
+
+def UPSTREAM(*args):
+    return _UPSTREAM[0](*args)
 
 
 def _runner(architecture="MossVLForConditionalGeneration", max_bs=8):

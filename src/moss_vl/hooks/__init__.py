@@ -101,6 +101,26 @@ patch_flashinfer_backend (CUDA): the staircase plans for cross-attention prefill
     Removal (all three): when upstream plans cross-attention from a staircase.
     Upstream: no issue or PR found.
 
+patch_key_redaction: SGLang's start-up log of its server arguments and ``/server_info``
+    Why/How/Removal: in the module's own docstring (one file for the four
+        symbols on two lines, 0.5.23's watermark redaction helpers and 0.5.17's
+        ``ServerArgs.__repr__`` / ``TokenizerManager.resolved_config_dict``).
+
+patch_decode_cuda_graph_runner:
+``...runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph`` (around)
+    Why: upstream refuses the decode graph for any batch holding a request
+        without encoder tokens (``torch.all(encoder_lens > 0)``), so one
+        text-only MOSS-VL request sends its whole batch to eager decode.
+    How: for MOSS-VL only, upstream's check runs with ``is_encoder_decoder``
+        cleared for the call, so every other condition still decides; the
+        captured forward already zeroes text rows' cross-attention through
+        ``full_text_row_masked_out_mask = encoder_lens != 0``. NPUGraphRunner
+        inherits the method, so the Ascend graph runner takes the same decision.
+    Removal: when upstream admits mixed batches.
+    Upstream: sgl-project/sglang#38498 (open; OpenMOSS/MOSS-VL#19 carries it)
+        admits batches that are uniformly text-only or uniformly with images and
+        still refuses mixed ones; this hook admits those too.
+
 Outside HookRegistry: ``plugin.register`` wraps ``HookRegistry.apply_hooks``
 itself so that, in every process, the chosen hooks are checked to wrap their
 targets right after SGLang applied them (apply_hooks only logs a failure).
@@ -135,6 +155,7 @@ HOOK_MODULES = (
     "moss_vl.hooks.patch_schedule_batch",
     "moss_vl.hooks.patch_flashinfer_backend",
     "moss_vl.hooks.patch_key_redaction",
+    "moss_vl.hooks.patch_decode_cuda_graph_runner",
 )
 
 KINDS = ("before", "after", "around", "replace")  # sglang HookType values

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from moss_vl.hooks import Hook
+from moss_vl.sglang_versions import SGLANG_0_5_17, SGLANG_0_5_23
 
 REDACTED = "<redacted>"
 SECRET_FIELDS = ("api_key", "admin_api_key")
@@ -98,7 +99,7 @@ TARGETS = [
         target=f"{_CORE}.redact_watermark_secrets",
         kind="after",
         func=redact_api_keys,
-        sglang_versions=("0.5.23",),
+        sglang_versions=(SGLANG_0_5_23,),
         signature=("value", "in_watermark_config"),
     ),
     Hook(
@@ -106,7 +107,7 @@ TARGETS = [
         target=f"{_CORE}.redact_watermark_command_line",
         kind="around",
         func=redact_command_line,
-        sglang_versions=("0.5.23",),
+        sglang_versions=(SGLANG_0_5_23,),
         signature=("argv", "watermark_config"),
     ),
     Hook(
@@ -114,7 +115,7 @@ TARGETS = [
         target="sglang.srt.server_args.ServerArgs.__repr__",
         kind="around",
         func=redacted_repr,
-        sglang_versions=("0.5.17",),
+        sglang_versions=(SGLANG_0_5_17,),
         signature=("self",),
     ),
     Hook(
@@ -122,7 +123,7 @@ TARGETS = [
         target="sglang.srt.managers.tokenizer_manager.TokenizerManager.resolved_config_dict",
         kind="after",
         func=redact_resolved_config,
-        sglang_versions=("0.5.17",),
+        sglang_versions=(SGLANG_0_5_17,),
         signature=("self", "base"),
     ),
 ]

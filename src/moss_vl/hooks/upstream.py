@@ -76,8 +76,26 @@ def original(target: str):
 
 
 def normalised_source(obj) -> str:
-    """``obj``'s source as tokens: no comments, docstring, blank lines or wrapping."""
-    return normalise(inspect.getsource(obj))
+    """``obj``'s source as tokens: no comments, docstring, blank lines or wrapping.
+
+    A function generated at run time has no source (a dataclass's ``__repr__``,
+    e.g. 0.5.17's ``ServerArgs.__repr__``): its bytecode, constants and names
+    stand for it, so a change in what it does (a field added) still shows.
+    """
+    try:
+        return normalise(inspect.getsource(obj))
+    except (OSError, TypeError):
+        code = getattr(inspect.unwrap(obj), "__code__", None)
+        if code is None:
+            raise
+        return f"<generated {obj.__qualname__}> {_code_fingerprint(code)}"
+
+
+def _code_fingerprint(code) -> str:
+    consts = tuple(
+        _code_fingerprint(c) if inspect.iscode(c) else repr(c) for c in code.co_consts
+    )
+    return repr((code.co_code.hex(), consts, code.co_names, code.co_varnames))
 
 
 def normalise(source: str) -> str:
