@@ -104,5 +104,6 @@ def is_known(name: str) -> bool:
         base = sglang_metric_names()
         stem = re.sub(r"_(bucket|sum|count|total)$", "", name)
         return name in base or stem in base or f"{stem}_total" in base
-    # kube-state-metrics series used by the availability alert
-    return name.startswith("kube_deployment_status_")
+    # `up`: Prometheus's own per-target series; kube-state-metrics for the
+    # availability alert.
+    return name == "up" or name.startswith("kube_deployment_status_")
