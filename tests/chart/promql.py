@@ -105,7 +105,9 @@ def router_metric_names() -> frozenset[str]:
     assert libs, f"sglang-router is not unpacked under {root}: run `make chart-tools`"
     names = set()
     for lib in libs:
-        names.update(m.decode() for m in re.findall(rb"smg_[a-z_]+?(?:_total|_size)", lib.read_bytes()))
+        names.update(
+            m.decode() for m in re.findall(rb"smg_[a-z_]+?(?:_total|_size)", lib.read_bytes())
+        )
     return frozenset(names)
 
 

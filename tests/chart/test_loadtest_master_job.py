@@ -111,23 +111,21 @@ def test_the_run_is_named_for_the_helm_revision():
     # A Job's pod template is immutable: a fixed name would make `helm upgrade`
     # fail on any change; a name per revision makes every upgrade a new run.
     r = render("loadtest.enabled=true")
-    runs = {
-        d["metadata"]["labels"]["moss-vl.openmoss.io/loadtest-run"] for d in r.all("Job")
-    }
+    runs = {d["metadata"]["labels"]["moss-vl.openmoss.io/loadtest-run"] for d in r.all("Job")}
     assert runs == {f"{RELEASE}-loadtest-r1"}
     assert {d["metadata"]["name"] for d in r.all("Job")} == {
         f"{RELEASE}-loadtest-r1-master",
         f"{RELEASE}-loadtest-r1-worker",
     }
     template = (REPO / "charts" / "moss-vl" / "templates" / "_loadtest.tpl").read_text()
-    assert "-loadtest-r%d\" (include \"moss-vl.fullname\" .) (int .Release.Revision)" in template
+    assert '-loadtest-r%d" (include "moss-vl.fullname" .) (int .Release.Revision)' in template
 
 
 def test_custom_host():
     c = container(
-        render("loadtest.enabled=true", "loadtest.host=https://llm.example.com").get(
-            "Job", MASTER
-        )["spec"]["template"]["spec"],
+        render("loadtest.enabled=true", "loadtest.host=https://llm.example.com").get("Job", MASTER)[
+            "spec"
+        ]["template"]["spec"],
         "locust",
     )
     assert "--host=https://llm.example.com" in c["args"]

@@ -14,9 +14,11 @@ CLAIM = f"{RELEASE}-loadtest-reports"
 
 def test_per_scenario(rendered, values):
     lt = values["loadtest"]
-    want = lt["enabled"] and lt["reports"]["persistence"]["enabled"] and not lt["reports"][
-        "persistence"
-    ]["existingClaim"]
+    want = (
+        lt["enabled"]
+        and lt["reports"]["persistence"]["enabled"]
+        and not lt["reports"]["persistence"]["existingClaim"]
+    )
     assert (rendered.maybe("PersistentVolumeClaim", CLAIM) is not None) == bool(want)
 
 

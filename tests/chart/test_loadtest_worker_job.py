@@ -17,7 +17,9 @@ WORKER = f"{RELEASE}-loadtest-r1-worker"
 
 
 def test_workers():
-    r = render("loadtest.enabled=true", "loadtest.workers=4", "loadtest.ttlSecondsAfterFinished=600")
+    r = render(
+        "loadtest.enabled=true", "loadtest.workers=4", "loadtest.ttlSecondsAfterFinished=600"
+    )
     job = r.get("Job", WORKER)
     assert job["spec"]["parallelism"] == job["spec"]["completions"] == 4
     assert job["spec"]["backoffLimit"] == 0

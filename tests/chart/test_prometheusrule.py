@@ -401,7 +401,12 @@ def unit_tests(values: dict, with_router: bool) -> list[dict]:
                 name,
                 [
                     alert(
-                        {"severity": "warning", "namespace": NAMESPACE, "device": device, "pod": pod},
+                        {
+                            "severity": "warning",
+                            "namespace": NAMESPACE,
+                            "device": device,
+                            "pod": pod,
+                        },
                         f"KV cache usage above 0.8 on {pod}",
                         "Token usage is 90%; requests will be retracted or queued.",
                         name,
@@ -577,9 +582,9 @@ def test_the_unit_tests_catch_a_broken_rule(tmp_path):
 
 
 def test_router_alerts_only_with_a_router():
-    assert "MossVLRouterDown" not in rules(render("metrics.prometheusRule.enabled=true").get(
-        "PrometheusRule", RELEASE
-    ))
+    assert "MossVLRouterDown" not in rules(
+        render("metrics.prometheusRule.enabled=true").get("PrometheusRule", RELEASE)
+    )
     with_router = rules(
         render("metrics.prometheusRule.enabled=true", "router.enabled=true").get(
             "PrometheusRule", RELEASE

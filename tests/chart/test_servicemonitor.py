@@ -58,9 +58,10 @@ def test_router_is_scraped_on_its_metrics_port():
     (ep,) = sm["spec"]["endpoints"]
     port = {p["name"]: p["port"] for p in services[0]["spec"]["ports"]}[ep["port"]]
     assert ep["port"] == "metrics" and port == 29000
-    assert render("metrics.serviceMonitor.enabled=true").maybe(
-        "ServiceMonitor", f"{RELEASE}-router"
-    ) is None
+    assert (
+        render("metrics.serviceMonitor.enabled=true").maybe("ServiceMonitor", f"{RELEASE}-router")
+        is None
+    )
 
 
 def test_service_and_pod_monitor_together_fail():

@@ -79,7 +79,9 @@ class FixtureMetrics:
         self.mask_elements = Counter("moss_vl:mask_elements", "", registry=r)
         self.mask_visible = Counter("moss_vl:mask_visible_elements", "", registry=r)
         self.rows_without_vision = Counter("moss_vl:rows_without_vision", "", registry=r)
-        self.mask_path = Counter("moss_vl:cross_attention_mask_path", "", ["path", "plan"], registry=r)
+        self.mask_path = Counter(
+            "moss_vl:cross_attention_mask_path", "", ["path", "plan"], registry=r
+        )
         for path, plan in MASK_PATHS:
             self.mask_path.labels(path=path, plan=plan)
         self.encoder_hits = Counter("moss_vl:encoder_cache_hits", "", registry=r)

@@ -393,7 +393,9 @@ class _Handler(BaseHTTPRequestHandler):
         self, record: Record, rid: str, prompt_tokens: int, n_tokens: int, body: dict
     ) -> None:
         config = self.fixture.config
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or config.num_tokens
+        max_tokens = (
+            body.get("max_completion_tokens") or body.get("max_tokens") or config.num_tokens
+        )
         start = time.perf_counter()
         time.sleep(config.first_token_delay + config.inter_token_delay * (n_tokens - 1))
         text = "".join(_token(i) for i in range(n_tokens))

@@ -298,7 +298,12 @@ def test_open_loop_fails_when_arrivals_were_dropped():
 
 
 def preflight(url, **kw):
-    args = {"api_key": "", "model": "", "timeout": 5.0, "request_id": "moss-vl-loadtest-t-preflight"}
+    args = {
+        "api_key": "",
+        "model": "",
+        "timeout": 5.0,
+        "request_id": "moss-vl-loadtest-t-preflight",
+    }
     return chat.preflight(url, **(args | kw))
 
 
@@ -323,10 +328,14 @@ def test_preflight_errors_name_the_cause(fixture_server):
     with pytest.raises(chat.PreflightError, match="connection refused; nothing listens there"):
         preflight(f"http://127.0.0.1:{port}")
     server = fixture_server(api_key="k-1")
-    with pytest.raises(chat.PreflightError, match=r"HTTP 401: the API key was refused; set --api-key"):
+    with pytest.raises(
+        chat.PreflightError, match=r"HTTP 401: the API key was refused; set --api-key"
+    ):
         preflight(server.url)
     assert preflight(server.url, api_key="k-1").model == "moss-vl"
-    with pytest.raises(chat.PreflightError, match=r"model 'moss-vl-base' is not served .*moss-vl\)"):
+    with pytest.raises(
+        chat.PreflightError, match=r"model 'moss-vl-base' is not served .*moss-vl\)"
+    ):
         preflight(server.url, api_key="k-1", model="moss-vl-base")
     with pytest.raises(chat.PreflightError, match="HTTP 404 .* OpenAI-compatible"):
         preflight(f"{server.url}/nothing-here")

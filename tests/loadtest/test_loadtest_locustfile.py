@@ -458,7 +458,9 @@ def test_open_loop_drops_arrivals_beyond_max_in_flight(fixture_server, run_locus
     assert run.returncode == 1, run.output
     dropped = run.verdict["arrivals"]["dropped"]
     assert dropped > 0 and len(server.chat_records()) == run.verdict["arrivals"]["sent"]
-    assert re.search(rf"^SLO FAIL arrivals {dropped} dropped at --max-in-flight 3", run.stdout, re.M)
+    assert re.search(
+        rf"^SLO FAIL arrivals {dropped} dropped at --max-in-flight 3", run.stdout, re.M
+    )
 
 
 def test_one_task_picks_scenarios_by_the_configured_weights():

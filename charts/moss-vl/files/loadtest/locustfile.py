@@ -131,7 +131,9 @@ def add_arguments(parser) -> None:
         default=10.0,
         help="seconds the GET /v1/models preflight may take",
     )
-    add("verdict_file", default="", help="write the JSON verdict here (default: <csv>_verdict.json)")
+    add(
+        "verdict_file", default="", help="write the JSON verdict here (default: <csv>_verdict.json)"
+    )
     add(
         "progress_interval",
         type=float,
@@ -215,8 +217,12 @@ def run_preflight(environment, settings: chat.Settings) -> bool:
         if path:
             llm_stats.write_json(
                 path,
-                {"verdict": "error", "exit_code": EXIT_PREFLIGHT, "reason": str(exc),
-                 "host": environment.host},
+                {
+                    "verdict": "error",
+                    "exit_code": EXIT_PREFLIGHT,
+                    "reason": str(exc),
+                    "host": environment.host,
+                },
             )
         if environment.parsed_options.headless or environment.runner is None:
             sys.exit(EXIT_PREFLIGHT)
@@ -226,9 +232,7 @@ def run_preflight(environment, settings: chat.Settings) -> bool:
     # Workers take the master's options with their first spawn message, so the
     # model found here reaches them without a request of their own.
     environment.parsed_options.model = result.model
-    log.info(
-        "preflight: %s lists %s; model %r", result.url, ", ".join(result.models), result.model
-    )
+    log.info("preflight: %s lists %s; model %r", result.url, ", ".join(result.models), result.model)
     return True
 
 
@@ -257,7 +261,9 @@ def on_test_start(environment, **_kwargs) -> None:
     # Locust cleared its stats just before this event: the preflight request
     # goes in now, so the stats hold every request the server saw.
     result = _run["preflight"]
-    runner.stats.log_request("GET", "preflight /v1/models", result.elapsed_ms, result.response_bytes)
+    runner.stats.log_request(
+        "GET", "preflight /v1/models", result.elapsed_ms, result.response_bytes
+    )
     if environment.parsed_options.headless and settings.progress_interval > 0:
         gevent.spawn(_progress, environment, settings.progress_interval)
 
@@ -588,9 +594,7 @@ def apply_slo_gates(environment, **_kwargs) -> None:
         if mode == "open"
         else f"closed loop, {run['users']} users"
     )
-    header = (
-        f"moss-vl loadtest: {duration:.1f} s, {load}, {environment.host}, model {run['model']}"
-    )
+    header = f"moss-vl loadtest: {duration:.1f} s, {load}, {environment.host}, model {run['model']}"
     lines = llm_stats.summary_lines(_llm, per_scenario, duration, header)
     if mode == "open":
         lines.append(

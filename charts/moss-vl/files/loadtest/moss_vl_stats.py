@@ -85,7 +85,13 @@ class Distribution:
         return self.max
 
     def to_wire(self) -> list:
-        return [[[k, n] for k, n in self.counts.items()], self.count, self.total, self.min, self.max]
+        return [
+            [[k, n] for k, n in self.counts.items()],
+            self.count,
+            self.total,
+            self.min,
+            self.max,
+        ]
 
     @classmethod
     def from_wire(cls, data: list) -> Distribution:
@@ -153,7 +159,10 @@ class LLMStats:
             self.dists.setdefault((scenario, metric), Distribution()).merge(
                 Distribution.from_wire(wire)
             )
-        for name, target in (("prompt_tokens", self.prompt_tokens), ("output_tokens", self.output_tokens)):
+        for name, target in (
+            ("prompt_tokens", self.prompt_tokens),
+            ("output_tokens", self.output_tokens),
+        ):
             for scenario, n in data[name].items():
                 target[scenario] = target.get(scenario, 0) + n
         self.arrivals += data["arrivals"]
@@ -212,9 +221,7 @@ def csv_rows(stats: LLMStats) -> list[list[str]]:
             if not d.count:
                 continue
             values = [d.mean, d.min, *(d.percentile(q) for q in PERCENTILES), d.max]
-            rows.append(
-                [scenario, metric, unit, str(d.count), *(f"{v:.6g}" for v in values)]
-            )
+            rows.append([scenario, metric, unit, str(d.count), *(f"{v:.6g}" for v in values)])
     return rows
 
 
@@ -279,9 +286,7 @@ def summary_lines(
             return format_value(stats.get(name, metric).percentile(q), "ms")
 
         out_tokens = (
-            sum(stats.output_tokens.values())
-            if name == ALL
-            else stats.output_tokens.get(name, 0)
+            sum(stats.output_tokens.values()) if name == ALL else stats.output_tokens.get(name, 0)
         )
         rate = row.requests / duration_s if duration_s > 0 else 0.0
         tps = out_tokens / duration_s if duration_s > 0 else 0.0
@@ -338,9 +343,7 @@ def verdict_document(
         },
         "arrivals": {"sent": stats.arrivals, "dropped": stats.arrivals_dropped},
         "scenarios": scenarios,
-        "gates": [
-            {"name": g.name, "verdict": g.verdict, "line": g.line} for g in gates
-        ],
+        "gates": [{"name": g.name, "verdict": g.verdict, "line": g.line} for g in gates],
     }
 
 
