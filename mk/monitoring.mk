@@ -14,6 +14,9 @@ PROMETHEUS_STAMP       := $(TOOLS)/.prometheus-$(PROMETHEUS_DEB_VERSION)
 PROMETHEUS_DL          := $(TOOLS)/prometheus-dl
 
 TEST_PREREQS += $(PROMETHEUS_STAMP)
+# The chart tests run promtool and prometheus too (a prerequisite added here,
+# the recipe stays in chart.mk).
+chart-test: $(PROMETHEUS_STAMP)
 
 .PHONY: monitoring-tools
 
