@@ -324,7 +324,10 @@ def test_a_bad_option_stops_the_run_before_any_request(fixture_server, run_locus
 
 
 def test_distributed_run_aggregates_both_workers(fixture_server, tmp_path):
-    server = fixture_server(num_tokens=3, inter_token_delay=0.005)
+    # 1 s per request: requests are in flight when the run time ends, and
+    # must still reach the master's statistics (Locust's own master quits
+    # 0.5 s after asking the workers to, before they report them).
+    server = fixture_server(num_tokens=3, first_token_delay=1.0, inter_token_delay=0.005)
     prefix = tmp_path / "dist"
     with socket.socket() as probe:  # a free port for the master
         probe.bind(("127.0.0.1", 0))

@@ -49,6 +49,7 @@ import gevent
 from gevent.pool import Group
 from geventhttpclient.response import HTTPParseError
 from locust import FastHttpUser, events, task
+from locust.rpc import Message
 from locust.runners import MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
@@ -193,6 +194,8 @@ def validate_options(environment, **_kwargs) -> None:
         sys.exit(EXIT_BAD_OPTION)
     if not _is_worker(environment) and environment.host:
         run_preflight(environment, settings)
+    if isinstance(environment.runner, MasterRunner):
+        _stop_workers_before_quitting(environment.runner)
     if getattr(environment, "web_ui", None) is not None:
         # The generation metrics next to Locust's UI, live.
         @environment.web_ui.app.route("/moss-vl")
@@ -234,6 +237,34 @@ def run_preflight(environment, settings: chat.Settings) -> bool:
     environment.parsed_options.model = result.model
     log.info("preflight: %s lists %s; model %r", result.url, ", ".join(result.models), result.model)
     return True
+
+
+def _stop_workers_before_quitting(runner) -> None:
+    """Let the workers' last requests reach the master's statistics.
+
+    At the end of --run-time the master (Locust 2.47, MasterRunner.quit) asks
+    the workers to quit and waits 0.5 s for their last report, while each
+    worker first gives its users up to --stop-timeout to finish: requests in
+    flight at the end were sent but missed the master's statistics. Here the
+    master asks them to quit first and waits until each has sent its last
+    report and said so (a worker reports, then sends "quit"), --stop-timeout
+    plus a margin at most, then quits as before.
+    """
+    quit_now = runner.quit
+    asked = []
+
+    def quit_after_last_reports() -> None:
+        # Re-entered when the last worker leaves (Locust then quits itself).
+        if not asked:
+            asked.append(True)
+            for client in list(runner.clients.all):
+                runner.server.send_to_client(Message("quit", None, client.id))
+            deadline = time.monotonic() + (runner.environment.stop_timeout or 0) + 30
+            while runner.clients.all and time.monotonic() < deadline:
+                gevent.sleep(0.2)
+        quit_now()
+
+    runner.quit = quit_after_last_reports
 
 
 def verdict_path(environment, settings: chat.Settings) -> str:
