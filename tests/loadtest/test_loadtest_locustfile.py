@@ -490,4 +490,5 @@ def test_scenario_mix_follows_the_weights(fixture_server, run_locust):
     assert run.returncode == 0, run.output
     names = [scenario_of(r)[0] for r in server.chat_records()]
     share = names.count("text") / len(names)
-    assert len(names) > 100 and 0.65 < share < 0.85, (len(names), share)
+    # Binomial: with n > 80 and p = 0.75 the bounds are more than 3 sigma away.
+    assert len(names) > 80 and 0.6 < share < 0.9, (len(names), share)
