@@ -6,7 +6,9 @@ variables are substituted, uses only series that exist and selects pods by
 the labels the ServiceMonitor/PodMonitor copy from them (release, component),
 never by pod name; the panels cover SGLang serving (TTFT, ITL, queue, token
 usage, cache hit rate), the plugin (mask path including dropped, mask build
-time, visible ratio, encoder cache) and the router's health.
+time, visible ratio, encoder cache) and the router's health. A `device`
+variable (the label the monitors add) narrows the `pod` variable and every
+server panel, and the latency panels show one line per pool.
 
 Against real data: a real Prometheus (Debian's package, `make
 monitoring-tools`) on 127.0.0.1 scrapes the fixture server under load, a
@@ -45,6 +47,7 @@ GRAFANA_VARS = {
     "$__range": "1h",
     "$namespace": "moss-vl",
     "$release": "moss-vl",
+    "$device": ".*",
     "$pod": ".*",
 }
 
@@ -149,6 +152,7 @@ LIVE_VARS = {
     "$__range": "1m",
     "$namespace": NAMESPACE,
     "$release": RELEASE,
+    "$device": ".*",
     "$pod": ".*",
 }
 
@@ -355,10 +359,39 @@ def test_every_panel_returns_data_from_a_real_prometheus(fixture_server, tmp_pat
             for var, value in LIVE_VARS.items():
                 selector = selector.replace(var, value)
             values = prom.get(f"/api/v1/label/{label}/values", **{"match[]": selector})
-            expected = {"namespace": NAMESPACE, "release": RELEASE, "pod": FIXTURE_POD}[name]
+            expected = {
+                "namespace": NAMESPACE,
+                "release": RELEASE,
+                "device": "cuda",
+                "pod": FIXTURE_POD,
+            }[name]
             assert expected in values, (name, values)
     finally:
         stop.set()
         prom.stop()
         traffic.join(timeout=15)
         recorded.stop()
+
+
+def test_device_and_pod_variables_filter_every_panel():
+    dash = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    device = variables["device"]
+    assert "label_values(" in device["query"]["query"] and device["query"]["query"].endswith(
+        ", device)"
+    )
+    assert device["includeAll"] and device["allValue"] == ".*", (
+        "All must also match series without the label"
+    )
+    assert 'device=~"$device"' in variables["pod"]["query"]["query"]
+    names = [v["name"] for v in dash["templating"]["list"]]
+    assert names.index("device") < names.index("pod"), "pod depends on device"
+    assert names.index("release") < names.index("device"), "device depends on release"
+    for panel in dash["panels"]:
+        for target in panel.get("targets", []):
+            if 'app_kubernetes_io_component="router"' in target["expr"]:
+                continue  # the router serves every pool; its series carry no device
+            assert 'device=~"$device"' in target["expr"], panel["title"]
+    ttft = next(p for p in dash["panels"] if p["title"] == "Time to first token")
+    for target in ttft["targets"]:
+        assert "sum by (le, device)" in target["expr"] and "{{device}}" in target["legendFormat"]

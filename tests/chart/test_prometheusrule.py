@@ -6,6 +6,9 @@ Contract:
   its failure series once its `for` has elapsed (and not before), stays silent
   on healthy series and on another release's series, and renders its labels
   and annotations, a `runbook_url` into docs/runbooks.md among them.
+- TTFT and "no ready replica" are one rule per pool, labelled `device`,
+  selecting that pool's pods or Deployment only, so a dead or slow pool fires
+  while the other serves.
 - The regressions of issue 17 stay fixed: MossVLNoReadyReplica is silent in a
   cluster without kube-state-metrics whose servers answer; the encoder-cache
   alert is silent on npu pools and on unique-image traffic; the router, when
@@ -44,7 +47,17 @@ OTHER_RELEASE = "other"
 
 
 def rules(doc) -> dict[str, dict]:
-    return {r["alert"]: r for g in doc["spec"]["groups"] for r in g["rules"]}
+    """Alert name -> rule; per-pool rules as `<alert>/<device>`."""
+    out = {}
+    for g in doc["spec"]["groups"]:
+        for r in g["rules"]:
+            device = r.get("labels", {}).get("device")
+            out[f"{r['alert']}/{device}" if device else r["alert"]] = r
+    return out
+
+
+def alert_names(doc) -> set[str]:
+    return {r["alert"] for g in doc["spec"]["groups"] for r in g["rules"]}
 
 
 def rendered_rule(scenario: str, *sets: str) -> dict:
@@ -77,14 +90,37 @@ def test_expressions_parse_and_use_real_series(case):
 def test_selectors_use_the_pod_labels_not_pod_names(case):
     all_rules, _ = case
     for name, rule in all_rules.items():
+        own = rule.get("labels", {}).get("device")
         for sel in promql.selectors(rule["expr"]):
             m = promql.matchers(sel)
             assert m["namespace"] == ("=", NAMESPACE), name
             assert "pod" not in m, f"{name} selects pods by name: {m['pod']}"
             if sel.name.startswith("kube_deployment"):
-                continue  # kube-state-metrics labels the Deployment, not the pod
+                # kube-state-metrics labels the Deployment, not the pod.
+                assert own and m["deployment"] == ("=", f"{RELEASE}-{own}"), name
+                continue
             assert m["app_kubernetes_io_instance"] == ("=", RELEASE), name
             assert m["app_kubernetes_io_component"][0] == "=", name
+            if own:
+                assert m["device"] == ("=", own), f"{name} reaches beyond its pool"
+
+
+def test_per_pool_rules(case):
+    r, values = case
+    cfg = values["metrics"]["prometheusRule"]
+    pools = pools_of(values)
+    for device in pools:
+        ttft = r[f"MossVLTimeToFirstTokenHigh/{device}"]
+        assert promql.metric_names(ttft["expr"]) == {"sglang:time_to_first_token_seconds_bucket"}
+        assert ttft["expr"].endswith(f"> {cfg['ttftP95Seconds']}")
+        no_ready = r[f"MossVLNoReadyReplica/{device}"]
+        assert no_ready["labels"]["severity"] == "critical"
+        assert no_ready["for"] == cfg["noReadyReplicaFor"]
+        assert f'deployment="{RELEASE}-{device}"' in no_ready["expr"]
+    per_pool = [k for k in r if "/" in k]
+    assert sorted(per_pool) == sorted(
+        f"{a}/{d}" for a in ("MossVLNoReadyReplica", "MossVLTimeToFirstTokenHigh") for d in pools
+    )
 
 
 def test_the_monitors_put_those_labels_on_the_series():
@@ -346,8 +382,9 @@ def unit_tests(values: dict, with_router: bool) -> list[dict]:
                 [
                     alert(
                         {"severity": "warning", "namespace": NAMESPACE, "device": device},
-                        f"MOSS-VL time to first token p95 above 3 s ({device} pool)",
-                        "TTFT p95 is 4.875s (QA bar 3 s). Check the queue and scale out.",
+                        f"MOSS-VL time to first token p95 above 3 s on the {device} pool",
+                        f"TTFT p95 of Deployment {RELEASE}-{device} is 4.875s (QA bar 3 s). "
+                        "Check the queue and scale out.",
                         name,
                     )
                 ],
@@ -423,35 +460,46 @@ def unit_tests(values: dict, with_router: bool) -> list[dict]:
     name = "MossVLNoReadyReplica"
     assert cfg["noReadyReplicaFor"] == "1m"
     ksm = "kube_deployment_status_replicas_available"
-    down = alert(
-        {"severity": "critical", "namespace": NAMESPACE},
-        f"No MOSS-VL replica is ready in {NAMESPACE}",
-        f"Deployments {', '.join(deployments)} have no available replica (or none answers "
-        "its scrape); the endpoint refuses every request.",
-        name,
-    )
+    def down(d: str) -> dict:
+        return alert(
+            {"severity": "critical", "namespace": NAMESPACE, "device": d},
+            f"No MOSS-VL replica of the {d} pool is ready in {NAMESPACE}",
+            f"Deployment {RELEASE}-{d} has no available replica (or none answers its "
+            f"scrape); requests routed to the {d} pool fail.",
+            name,
+        )
 
     def deployment(name_: str) -> dict[str, str]:
         return {"namespace": NAMESPACE, "deployment": name_, "job": "kube-state-metrics"}
 
-    # kube-state-metrics says 0 available in every pool.
+    pools = pools_of(values)
+    # kube-state-metrics says 0 available: every pool fires, each on its own.
     tests.append(
         group(
             [series(ksm, deployment(d), "1 1 0x10") for d in deployments],
             ("2m", name, []),
-            ("6m", name, [down]),
+            ("6m", name, [down(d) for d in pools]),
         )
     )
-    # No kube-state-metrics, every server scrape fails.
-    tests.append(group([series("up", server(device, pod), "1 1 0x10")], ("6m", name, [down])))
+    # One pool dead by kube-state-metrics while the other serves: that pool only.
+    if len(pools) > 1:
+        tests.append(
+            group(
+                [series(ksm, deployment(f"{RELEASE}-{pools[0]}"), "0x10")]
+                + [series(ksm, deployment(f"{RELEASE}-{d}"), "1x10") for d in pools[1:]],
+                ("6m", name, [down(pools[0])]),
+            )
+        )
+    # No kube-state-metrics, every server scrape of a pool fails.
+    tests.append(
+        group([series("up", server(device, pod), "1 1 0x10")], ("6m", name, [down(device)]))
+    )
     # No kube-state-metrics, servers answer: silent (`or vector(0)` fired here).
     tests.append(
         group(
-            [
-                series("up", server(device, pod), "1x10"),
-                # Another release, down, in the same namespace.
-                series(ksm, deployment(f"{OTHER_RELEASE}-{device}"), "0x10"),
-            ],
+            [series("up", server(d, f"{RELEASE}-{d}-7d9f8b6c5d-x2k9q"), "1x10") for d in pools]
+            # Another release, down, in the same namespace.
+            + [series(ksm, deployment(f"{OTHER_RELEASE}-{device}"), "0x10")],
             ("6m", name, []),
         )
     )
@@ -559,7 +607,7 @@ def test_every_alert_fires_on_failure_and_stays_silent_when_healthy(
     path = promtool.write_rule_file(rule, tmp_path)
     tests = unit_tests(scenario_values(scenario), with_router)
     tested = {t["alertname"] for g in tests for t in g["alert_rule_test"]}
-    assert tested == set(rules(rule)), "every alert needs a promtool unit test"
+    assert tested == alert_names(rule), "every alert needs a promtool unit test"
     proc = promtool.test_rules(path, tests)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout, proc.stdout
@@ -598,9 +646,10 @@ def test_every_alert_has_a_runbook_section(case):
     headings = {
         m.group(1): m.start() for m in re.finditer(r"^## (MossVL\w+)\s*$", text, re.MULTILINE)
     }
-    names = set(rules(rendered_rule(WITH_RULES[0], "router.enabled=true")))
+    names = alert_names(rendered_rule(WITH_RULES[0], "router.enabled=true"))
     assert names <= set(headings), f"no runbook for {sorted(names - set(headings))}"
-    for name, rule in case[0].items():
+    for key, rule in case[0].items():
+        name = key.split("/")[0]
         assert rule["annotations"]["runbook_url"] == runbook(name)
         start = headings[name]
         end = min([p for p in headings.values() if p > start] + [len(text)])
@@ -624,7 +673,7 @@ def test_thresholds_runbook_url_and_extra_rules_from_values():
         "metrics.prometheusRule.extraRules[0].expr=vector(1)",
     )
     got = rules(r.get("PrometheusRule", RELEASE))
-    assert got["MossVLTimeToFirstTokenHigh"]["expr"].endswith("> 2")
+    assert got["MossVLTimeToFirstTokenHigh/cuda"]["expr"].endswith("> 2")
     assert (
         got["MossVLQueueGrowing"]["annotations"]["runbook_url"]
         == "https://wiki.example.com/moss-vl#mossvlqueuegrowing"
