@@ -460,6 +460,7 @@ def unit_tests(values: dict, with_router: bool) -> list[dict]:
     name = "MossVLNoReadyReplica"
     assert cfg["noReadyReplicaFor"] == "1m"
     ksm = "kube_deployment_status_replicas_available"
+
     def down(d: str) -> dict:
         return alert(
             {"severity": "critical", "namespace": NAMESPACE, "device": d},
