@@ -17,6 +17,8 @@ Contract:
   plugin's real registry, sglang names from the installed SGLang 0.5.23, `up`,
   kube-state-metrics) and select pods by the labels the ServiceMonitor/
   PodMonitor copy from them, never by a pod-name regex.
+- A plugin hook not in effect (`moss_vl:hooks_applied == 0`) and an
+  unsupported SGLang (`moss_vl:plugin_info{sglang_supported="false"}`) warn.
 - Every alert has a section in docs/runbooks.md saying what it means, how to
   confirm it and what to do.
 """
@@ -299,6 +301,77 @@ def unit_tests(values: dict, with_router: bool) -> list[dict]:
             ("20m", name, []),
         )
     )
+
+    # -- MossVLHookNotApplied: a hook chosen for the platform reads 0 for 5m.
+    name = "MossVLHookNotApplied"
+    hook = "sglang.srt.models.moss_vl.MossVLForConditionalGeneration._build_cross_attention_custom_mask"
+    applied = "moss_vl:hooks_applied"
+    tests.append(
+        group(
+            [series(applied, server(device, pod, hook=hook), "0x10")],
+            ("3m", name, []),
+            (
+                "8m",
+                name,
+                [
+                    alert(
+                        {
+                            "severity": "warning",
+                            "namespace": NAMESPACE,
+                            "device": device,
+                            "pod": pod,
+                            "hook": hook,
+                        },
+                        f"moss_vl hook {hook} is not in effect on {pod}",
+                        "The plugin chose the hook but it does not wrap its SGLang target "
+                        '(SGLang logged "Failed to apply hooks to ..."), or MOSS_VL_DISABLE_HOOKS '
+                        "names it, or SGLang is unsupported. On cuda the server runs without "
+                        "that patch; on npu a missing mask hook stops the server instead. See "
+                        "docs/upgrading-sglang.md.",
+                        name,
+                    )
+                ],
+            ),
+        )
+    )
+    tests.append(group([series(applied, server(device, pod, hook=hook), "1x10")], ("8m", name, [])))
+
+    # -- MossVLSGLangUnsupported: plugin_info says the SGLang line is not supported.
+    name = "MossVLSGLangUnsupported"
+    info = "moss_vl:plugin_info"
+
+    def plugin_info(supported: str) -> dict[str, str]:
+        return server(
+            device, pod, version="0.1.0", sglang_version="0.6.0", sglang_supported=supported
+        )
+
+    tests.append(
+        group(
+            [series(info, plugin_info("false"), "1x10")],
+            ("3m", name, []),
+            (
+                "8m",
+                name,
+                [
+                    alert(
+                        {
+                            "severity": "warning",
+                            "namespace": NAMESPACE,
+                            "device": device,
+                            "pod": pod,
+                            "sglang_version": "0.6.0",
+                        },
+                        f"SGLang 0.6.0 runs unpatched on {pod}",
+                        "The installed SGLang is in no line moss_vl supports, so no moss_vl hook "
+                        "is registered. Run `make test-compat SGLANG=0.6.0` and follow "
+                        "docs/upgrading-sglang.md, or deploy a supported image.",
+                        name,
+                    )
+                ],
+            ),
+        )
+    )
+    tests.append(group([series(info, plugin_info("true"), "1x10")], ("8m", name, [])))
 
     # -- MossVLEncoderCacheHitRatioLow: 1 hit per 9 misses (10 %) while the
     # prefix cache hits 80 % of tokens: repeated prompts, images re-encoded.
@@ -680,3 +753,17 @@ def test_thresholds_runbook_url_and_extra_rules_from_values():
         == "https://wiki.example.com/moss-vl#mossvlqueuegrowing"
     )
     assert got["Custom"]["expr"] == "vector(1)"
+
+
+def test_plugin_state_alerts(case):
+    r, _ = case
+    hook = r["MossVLHookNotApplied"]
+    assert promql.metric_names(hook["expr"]) == {"moss_vl:hooks_applied"}
+    assert hook["expr"].startswith("min by (namespace, device, pod, hook) (") and hook[
+        "expr"
+    ].endswith("== 0")
+    unsupported = r["MossVLSGLangUnsupported"]
+    (sel,) = promql.selectors(unsupported["expr"])
+    assert sel.name == "moss_vl:plugin_info"
+    assert promql.matchers(sel)["sglang_supported"] == ("=", "false")
+    assert {hook["labels"]["severity"], unsupported["labels"]["severity"]} == {"warning"}
