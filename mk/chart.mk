@@ -71,7 +71,7 @@ chart-tools: $(HELM_STAMP) $(CHECKOV_STAMP) $(SGLANG_ROUTER_DIR)/.unpacked ## In
 
 # helm's .Files cannot read outside the chart, so the chart carries copies of
 # the load test; tests/chart/test_loadtest_configmap.py fails when they drift.
-LOADTEST_SOURCES := loadtest/locustfile.py loadtest/moss_vl_chat.py
+LOADTEST_SOURCES := loadtest/locustfile.py loadtest/moss_vl_chat.py loadtest/moss_vl_stats.py
 # Helm stores the chart's files and the rendered manifest in one release
 # Secret (1 MiB): payloads above 64 KiB stay out of the chart; the full set
 # goes in through loadtest.payloadsConfigMap (see the chart README).

@@ -29,7 +29,8 @@ SCENARIOS = sorted(p.name[: -len("-values.yaml")] for p in (CHART / "ci").glob("
 def tool(name: str) -> str:
     found = shutil.which(name, path=f"{TOOLS_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     if found is None:
-        pytest.fail(f"{name} not found on PATH or in {TOOLS_BIN}: run `make chart-tools`")
+        target = "monitoring-tools" if name in ("promtool", "prometheus") else "chart-tools"
+        pytest.fail(f"{name} not found on PATH or in {TOOLS_BIN}: run `make {target}`")
     return found
 
 

@@ -99,12 +99,29 @@ def moss_vl_exposed_names() -> frozenset[str]:
     return frozenset(names)
 
 
+@functools.cache
+def router_metric_names() -> frozenset[str]:
+    """`smg_*` names inside the sglang-router 0.3.2 binary (unpacked by `make chart-tools`)."""
+    root = Path(__file__).resolve().parents[2] / ".tools"
+    libs = sorted(root.glob("sglang-router-*/sglang_router/*.so"))
+    assert libs, f"sglang-router is not unpacked under {root}: run `make chart-tools`"
+    names = set()
+    for lib in libs:
+        names.update(
+            m.decode() for m in re.findall(rb"smg_[a-z_]+?(?:_total|_size)", lib.read_bytes())
+        )
+    return frozenset(names)
+
+
 def is_known(name: str) -> bool:
+    if name.startswith("smg_"):
+        return name in router_metric_names()
     if name.startswith("moss_vl:"):
         return name in moss_vl_exposed_names()
     if name.startswith("sglang:"):
         base = sglang_metric_names()
         stem = re.sub(r"_(bucket|sum|count|total)$", "", name)
         return name in base or stem in base or f"{stem}_total" in base
-    # kube-state-metrics series used by the availability alert
-    return name.startswith("kube_deployment_status_")
+    # `up`: Prometheus's own per-target series; kube-state-metrics for the
+    # availability alert.
+    return name == "up" or name.startswith("kube_deployment_status_")

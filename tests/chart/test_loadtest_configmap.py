@@ -15,7 +15,7 @@ import json
 
 from .chart_render import CHART, RELEASE, REPO, render
 
-SOURCES = ("locustfile.py", "moss_vl_chat.py")
+SOURCES = ("locustfile.py", "moss_vl_chat.py", "moss_vl_stats.py")
 PAYLOAD_MAX_BYTES = 64 * 1024
 LOADTEST = REPO / "loadtest"
 COPIES = CHART / "files" / "loadtest"
@@ -56,7 +56,7 @@ def test_configmaps_carry_the_copies():
 def test_external_payloads_configmap_replaces_the_bundled_one():
     r = render("loadtest.enabled=true", "loadtest.payloadsConfigMap=moss-vl-payloads")
     assert r.maybe("ConfigMap", f"{RELEASE}-loadtest-payloads") is None
-    vols = r.get("Job", f"{RELEASE}-loadtest-master")["spec"]["template"]["spec"]["volumes"]
+    vols = r.get("Job", f"{RELEASE}-loadtest-r1-master")["spec"]["template"]["spec"]["volumes"]
     assert {"name": "payloads", "configMap": {"name": "moss-vl-payloads"}} in vols
 
 

@@ -25,7 +25,8 @@ def test_default_notes():
     assert f"{RELEASE}-cuda: openmoss/moss-vl:0.1.0-cuda, 1 x nvidia.com/gpu" in text
     assert f"port-forward svc/{RELEASE} 30000:30000" in text
     assert f"helm test {RELEASE} -n {NAMESPACE} --logs" in text
-    assert f"job/{RELEASE}-loadtest-master" in text
+    # The next revision's run (an upgrade that enables it).
+    assert f"job/{RELEASE}-loadtest-r2-master" in text
     assert "20 min (cuda)" in text
     assert "WARNING" not in text
 
@@ -47,7 +48,7 @@ def test_both_pools_with_ingress_and_rwo_warning():
 
 def test_loadtest_running():
     text = notes("loadtest.enabled=true")
-    assert f"kubectl -n {NAMESPACE} logs -f job/{RELEASE}-loadtest-master" in text
+    assert f"kubectl -n {NAMESPACE} logs -f job/{RELEASE}-loadtest-r1-master" in text
     assert "Locust runs now" in text
 
 

@@ -2,13 +2,13 @@
 
 Contract: with autoscaling.kind=keda each pool Deployment gets a ScaledObject
 whose Prometheus trigger sums sglang:num_queue_reqs over exactly that pool's
-pods (valid PromQL, the series SGLang exports), with the threshold as
+pods, selected by the labels the monitors copy from the pods (release,
+component, device) rather than a pod-name pattern (valid PromQL, the series
+SGLang exports), with the threshold as
 AverageValue, and the same replica bounds and slow scale-down as the HPA.
 """
 
 from __future__ import annotations
-
-import re
 
 from . import promql
 from .chart_render import NAMESPACE, RELEASE, pools_of, render
@@ -36,11 +36,12 @@ def test_per_scenario(rendered, values):
         (sel,) = promql.selectors(meta["query"])
         assert sel.name == "sglang:num_queue_reqs" and promql.is_known(sel.name)
         m = promql.matchers(sel)
-        assert m["namespace"] == ("=", NAMESPACE)
-        assert re.fullmatch(m["pod"][1], f"{name}-7d9f8b6c5d-x2k9q")
-        for other in pools_of(values) + ["router"]:
-            if f"{RELEASE}-{other}" != name:
-                assert not re.fullmatch(m["pod"][1], f"{RELEASE}-{other}-7d9f8b6c5d-x2k9q")
+        assert m == {
+            "namespace": ("=", NAMESPACE),
+            "app_kubernetes_io_instance": ("=", RELEASE),
+            "app_kubernetes_io_component": ("=", "server"),
+            "device": ("=", name.removeprefix(f"{RELEASE}-")),
+        }
         hpa_cfg = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
         assert (
             hpa_cfg["scaleDown"]["stabilizationWindowSeconds"] == a["scaleDownStabilizationSeconds"]

@@ -11,6 +11,9 @@ client sees from `sglang.launch_server`:
   the first token), so a client that took TTFT at the first chunk would show
   ~0 here instead of the first-token delay;
 - GET /v1/models, GET /health and GET /health_generate;
+- GET /metrics: sglang:* and moss_vl:* series under their real names, fed by
+  the traffic served (fixture_metrics.py), and GET /router/metrics, a stand-in
+  for sglang-router's own /metrics, so a real Prometheus can scrape both;
 - errors as SGLang writes them: `{"object": "error", "message", "type", "param",
   "code"}` with the HTTP status in `code`.
 
@@ -44,6 +47,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Self
 
+from fixture_metrics import FixtureMetrics
 from PIL import Image
 
 DATA_URI = re.compile(r"^data:(?P<type>[^;,]*)(?P<params>(;[^;,]*)*),(?P<data>.*)$", re.DOTALL)
@@ -172,6 +176,7 @@ class FixtureServer:
     def __init__(self, config: FixtureConfig | None = None, host: str = "127.0.0.1", port: int = 0):
         self.config = config or FixtureConfig()
         self.records: list[Record] = []
+        self.metrics = FixtureMetrics()
         self._lock = threading.Lock()
         self._chat_count = 0
         self._stream_count = 0
@@ -208,6 +213,15 @@ class FixtureServer:
     def chat_records(self) -> list[Record]:
         with self._lock:
             return [r for r in self.records if r.path == "/v1/chat/completions"]
+
+    def request_counts(self) -> dict[tuple[str, str], int]:
+        """(method, path) -> how many requests this server received; /metrics scrapes excluded."""
+        counts: dict[tuple[str, str], int] = {}
+        with self._lock:
+            for r in self.records:
+                if r.path not in ("/metrics", "/router/metrics"):
+                    counts[(r.method, r.path)] = counts.get((r.method, r.path), 0) + 1
+        return counts
 
     def _record(self, record: Record) -> None:
         with self._lock:
@@ -275,10 +289,23 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ---- routes -----------------------------------------------------------------
 
+    def _send_metrics(self, data: bytes, record: Record) -> None:
+        record.status = 200
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def do_GET(self) -> None:
         record = Record("GET", self.path, dict(self.headers), None, received_at=time.time())
         self.fixture._record(record)
-        if self.path in ("/health", "/health_generate"):
+        if self.path == "/metrics":
+            self._send_metrics(self.fixture.metrics.exposition(), record)
+        elif self.path == "/router/metrics":
+            served = len(self.fixture.chat_records())
+            self._send_metrics(self.fixture.metrics.router_exposition(served), record)
+        elif self.path in ("/health", "/health_generate"):
             record.status = 200
             self.send_response(200)
             self.send_header("Content-Length", "0")
@@ -329,6 +356,7 @@ class _Handler(BaseHTTPRequestHandler):
         # Injected before validation: a broken server fails bad input too, which
         # is what the bad_input scenario must count as a failure.
         if _hit(self.fixture._next_chat(), config.error_rate):
+            self.fixture.metrics.aborted()
             self._send_error(500, "injected server error", "InternalServerError", record)
             return
         if isinstance(body, str):
@@ -344,26 +372,53 @@ class _Handler(BaseHTTPRequestHandler):
         )
         n_tokens = max(1, min(int(max_tokens), config.num_tokens))
         rid = uuid.uuid4().hex
-        if body.get("stream"):
-            self._stream(record, rid, prompt_tokens, n_tokens, body)
-        else:
-            time.sleep(config.first_token_delay + config.inter_token_delay * (n_tokens - 1))
-            text = "".join(_token(i) for i in range(n_tokens))
-            doc = {
-                "id": rid,
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": config.model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": "length" if n_tokens == max_tokens else "stop",
-                    }
-                ],
-                "usage": _usage(prompt_tokens, n_tokens),
-            }
-            self._send_json(200, doc, record)
+        metrics = self.fixture.metrics
+        image_tokens = [
+            math.ceil(h / (PATCH * MERGE)) * math.ceil(w / (PATCH * MERGE)) + 1
+            for _f, w, h in record.images
+        ]
+        metrics.prefill(
+            [u.encode() for u in _image_urls(body)], image_tokens, prompt_tokens - sum(image_tokens)
+        )
+        metrics.request_started(prompt_tokens, n_tokens)
+        try:
+            if body.get("stream"):
+                self._stream(record, rid, prompt_tokens, n_tokens, body)
+            else:
+                self._complete(record, rid, prompt_tokens, n_tokens, body)
+        finally:
+            metrics.request_finished(prompt_tokens, n_tokens)
+
+    def _complete(
+        self, record: Record, rid: str, prompt_tokens: int, n_tokens: int, body: dict
+    ) -> None:
+        config = self.fixture.config
+        max_tokens = (
+            body.get("max_completion_tokens") or body.get("max_tokens") or config.num_tokens
+        )
+        start = time.perf_counter()
+        time.sleep(config.first_token_delay + config.inter_token_delay * (n_tokens - 1))
+        text = "".join(_token(i) for i in range(n_tokens))
+        doc = {
+            "id": rid,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": config.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "length" if n_tokens == max_tokens else "stop",
+                }
+            ],
+            "usage": _usage(prompt_tokens, n_tokens),
+        }
+        self._send_json(200, doc, record)
+        e2e = time.perf_counter() - start
+        gaps = [config.inter_token_delay] * (n_tokens - 1)
+        self.fixture.metrics.finished(
+            False, prompt_tokens, n_tokens, config.first_token_delay, gaps, e2e
+        )
 
     def _stream(
         self, record: Record, rid: str, prompt_tokens: int, n_tokens: int, body: dict
@@ -387,10 +442,13 @@ class _Handler(BaseHTTPRequestHandler):
             return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
         # The role arrives at once; the first token only after the prefill delay.
+        start = time.perf_counter()
+        sent: list[float] = []
         self._event(chunk({"role": "assistant", "content": ""}))
         for i in range(n_tokens):
             time.sleep(config.first_token_delay if i == 0 else config.inter_token_delay)
             self._event(chunk({"content": _token(i)}))
+            sent.append(time.perf_counter())
             if cut:
                 record.error = "stream cut by disconnect_rate"
                 self.close_connection = True
@@ -404,6 +462,20 @@ class _Handler(BaseHTTPRequestHandler):
             self._event({**base, "choices": [], "usage": _usage(prompt_tokens, n_tokens)})
         self._event("[DONE]")
         self._chunk(b"")
+        gaps = [b - a for a, b in zip(sent, sent[1:])]
+        self.fixture.metrics.finished(
+            True, prompt_tokens, n_tokens, sent[0] - start, gaps, time.perf_counter() - start
+        )
+
+
+def _image_urls(body: dict) -> list[str]:
+    return [
+        part["image_url"]["url"]
+        for message in body.get("messages") or ()
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if part.get("type") == "image_url"
+    ]
 
 
 def _token(i: int) -> str:

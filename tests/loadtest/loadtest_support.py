@@ -9,6 +9,7 @@ test process and the fixture server's threads with it.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -56,6 +57,21 @@ class LocustRun:
     def gate_lines(self) -> list[str]:
         return [line for line in self.stdout.splitlines() if line.startswith("SLO ")]
 
+    @property
+    def llm_stats(self) -> list[dict[str, str]]:
+        """Rows of <prefix>_llm_stats.csv: the generation metrics, one per scenario and metric."""
+        return read_csv(Path(f"{self.csv_prefix}_llm_stats.csv"))
+
+    def llm(self, scenario: str, metric: str) -> dict[str, str] | None:
+        for row in self.llm_stats:
+            if row["Scenario"] == scenario and row["Metric"] == metric:
+                return row
+        return None
+
+    @property
+    def verdict(self) -> dict:
+        return json.loads(Path(f"{self.csv_prefix}_verdict.json").read_text())
+
 
 def locust_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {
@@ -66,9 +82,12 @@ def locust_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def read_stats(prefix: Path) -> list[dict[str, str]]:
-    path = Path(f"{prefix}_stats.csv")
+def read_csv(path: Path) -> list[dict[str, str]]:
     if not path.exists():
         return []
     with path.open(newline="") as fh:
         return list(csv.DictReader(fh))
+
+
+def read_stats(prefix: Path) -> list[dict[str, str]]:
+    return read_csv(Path(f"{prefix}_stats.csv"))

@@ -10,7 +10,11 @@
 - Bad-input bodies are what a server must refuse; normal bodies ask for usage
   when streaming.
 - The SLO gates give one PASS/FAIL/SKIP line per gate with the measured value
-  and the threshold.
+  and the threshold in a unit that keeps their digits (an ITL of 12 ms against
+  10 ms reads "12 ms >= 10 ms", not "0.01s >= 0.01s"); in open loop, dropped
+  arrivals fail the run.
+- The preflight (GET /v1/models) names what is wrong and what to do: nothing
+  listening, a refused API key, not an OpenAI endpoint, a model not served.
 """
 
 from __future__ import annotations
@@ -252,14 +256,14 @@ def test_gates_pass_with_one_line_each():
     results = gates()
     assert [r.line for r in results] == [
         "SLO PASS success_ratio 100.00% >= 99.00% (100/100 requests succeeded)",
-        "SLO PASS ttft_p95 1.23s < 3.00s (90 samples)",
+        "SLO PASS ttft_p95 1.23 s < 3 s (90 samples)",
     ]
 
 
 def test_gates_fail_on_slow_ttft_and_low_success():
     results = {r.name: r for r in gates(failures=2, ttft_p95_ms=3000)}
     assert results["success_ratio"].failed and "98.00% < 99.00%" in results["success_ratio"].line
-    assert results["ttft_p95"].failed and "3.00s >= 3.00s" in results["ttft_p95"].line
+    assert results["ttft_p95"].failed and "3 s >= 3 s" in results["ttft_p95"].line
 
 
 def test_gates_fail_without_data_and_skip_what_is_not_measured():
@@ -270,4 +274,68 @@ def test_gates_fail_without_data_and_skip_what_is_not_measured():
     assert results["ttft_p95"].verdict == "SKIP" and "streaming is off" in results["ttft_p95"].line
     assert results["itl_p95"].verdict == "SKIP"
     results = {r.name: r for r in gates({"slo_itl_p95": "0.05"}, itl_samples=50, itl_p95_ms=80)}
-    assert results["itl_p95"].line == "SLO FAIL itl_p95 0.08s >= 0.05s (50 samples)"
+    assert results["itl_p95"].line == "SLO FAIL itl_p95 80 ms >= 50 ms (50 samples)"
+
+
+def test_itl_gate_keeps_its_digits():
+    # Issue 17: an ITL gate printed "SLO FAIL itl_p95 0.01s >= 0.01s".
+    results = {r.name: r for r in gates({"slo_itl_p95": "0.01"}, itl_samples=9, itl_p95_ms=12.3)}
+    assert results["itl_p95"].line == "SLO FAIL itl_p95 12.3 ms >= 10 ms (9 samples)"
+    results = {r.name: r for r in gates({"slo_itl_p95": "0.01"}, itl_samples=9, itl_p95_ms=9.87)}
+    assert results["itl_p95"].line == "SLO PASS itl_p95 9.87 ms < 10 ms (9 samples)"
+
+
+def test_open_loop_fails_when_arrivals_were_dropped():
+    results = {r.name: r for r in gates({"arrival_rate": "5"}, arrivals_dropped=3)}
+    assert results["arrivals"].failed
+    assert results["arrivals"].line.startswith("SLO FAIL arrivals 3 dropped at --max-in-flight 256")
+    results = {r.name: r for r in gates({"arrival_rate": "5"})}
+    assert results["arrivals"].verdict == "PASS"
+    assert "arrivals" not in {r.name for r in gates()}  # closed loop: no such gate
+
+
+# ---- preflight ------------------------------------------------------------------------
+
+
+def preflight(url, **kw):
+    args = {
+        "api_key": "",
+        "model": "",
+        "timeout": 5.0,
+        "request_id": "moss-vl-loadtest-t-preflight",
+    }
+    return chat.preflight(url, **(args | kw))
+
+
+def test_preflight_finds_the_model_and_accepts_a_v1_base_url(fixture_server):
+    server = fixture_server(model="moss-vl-instruct")
+    for host in (server.url, f"{server.url}/v1/"):
+        result = preflight(host)
+        assert result.model == "moss-vl-instruct" and result.models == ("moss-vl-instruct",)
+        assert result.url == f"{server.url}/v1/models" and result.status == 200
+    assert preflight(server.url, model="moss-vl-instruct").model == "moss-vl-instruct"
+    records = [r for r in server.records if r.path == "/v1/models"]
+    assert len(records) == 3
+    assert {r.headers["X-Request-Id"] for r in records} == {"moss-vl-loadtest-t-preflight"}
+
+
+def test_preflight_errors_name_the_cause(fixture_server):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(chat.PreflightError, match="connection refused; nothing listens there"):
+        preflight(f"http://127.0.0.1:{port}")
+    server = fixture_server(api_key="k-1")
+    with pytest.raises(
+        chat.PreflightError, match=r"HTTP 401: the API key was refused; set --api-key"
+    ):
+        preflight(server.url)
+    assert preflight(server.url, api_key="k-1").model == "moss-vl"
+    with pytest.raises(
+        chat.PreflightError, match=r"model 'moss-vl-base' is not served .*moss-vl\)"
+    ):
+        preflight(server.url, api_key="k-1", model="moss-vl-base")
+    with pytest.raises(chat.PreflightError, match="HTTP 404 .* OpenAI-compatible"):
+        preflight(f"{server.url}/nothing-here")

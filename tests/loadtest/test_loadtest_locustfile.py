@@ -6,24 +6,36 @@
 - multi_turn keeps the history: each turn resends the previous turns unchanged,
   adds the assistant's streamed answer and one new image.
 - bad_input gets a 4xx and counts as success; a 5xx counts as failure.
-- TTFT, ITL, TPOT, E2E and TOKENS_PER_S land in the CSV and agree with the
-  fixture's delays and token counts; the HTML report is written.
+- Locust's request statistics count HTTP requests only: their total equals
+  the requests the fixture server saw (the preflight GET included).
+- TTFT, ITL, TPOT, E2E and TOKENS_PER_S are statistics of their own (the
+  <prefix>_llm_stats.csv, the HTML report's section, the summary, the JSON
+  verdict), each in its unit, and agree with the fixture's delays and tokens.
 - The SLO gate prints one line per gate and sets the exit code: it fails when
   the fixture is slow or failing and passes when it is fast.
+- The preflight stops a run against an endpoint that refuses connections or
+  does not serve the model within seconds, exit code 3, before any chat request.
+- Open loop (--arrival-rate): arrivals keep their rate when the server is slow
+  (a closed loop slows down with it) and are Poisson (exponential gaps).
+- One Locust task picks the scenario by the --scenarios weights (no dead
+  `@task(N)` weights).
 - Options come from MOSS_VL_LOADTEST_* variables as well as flags; a bad value
   stops the run before any request with the option and the reason.
 - A distributed run (master + 2 workers) aggregates both workers' requests and
-  gates once, on the master.
+  generation metrics and gates once, on the master.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 import socket
+import statistics
 import subprocess
 import sys
+import time
 from collections import defaultdict
 
 import moss_vl_chat as chat
@@ -85,8 +97,14 @@ def test_every_scenario_sends_well_formed_requests(fixture_server, run_locust):
         by_scenario[scenario_of(record)[0]].append(record)
     assert set(by_scenario) == set(chat.SCENARIOS), sorted(by_scenario)
 
-    # The model came from GET /v1/models, asked once by this one process.
+    # The model came from GET /v1/models, asked once by the preflight.
     assert [r.path for r in server.records if r.method == "GET"] == ["/v1/models"]
+    # Locust's request statistics hold HTTP requests only, and all of them:
+    # their total is what the server saw.
+    assert {r["Type"] for r in run.stats} <= {"POST", "GET", ""}, run.stats
+    aggregated = run.row("", "Aggregated")
+    assert num(aggregated, "Request Count") == sum(server.request_counts().values())
+    assert num(run.row("GET", "preflight /v1/models"), "Request Count") == 1
 
     for scenario, records in by_scenario.items():
         if scenario == "bad_input":
@@ -164,36 +182,58 @@ def test_latency_metrics_agree_with_the_fixture_delays(fixture_server, run_locus
     run = run_locust(server.url, "--scenarios", "text=1", users=2, run_time="4s")
     assert run.returncode == 0, run.output
 
-    ttft, itl = run.row("TTFT", "text"), run.row("ITL", "text")
-    e2e, tpot = run.row("E2E", "text"), run.row("TPOT", "text")
-    tps, post = run.row("TOKENS_PER_S", "text"), run.row("POST", "text")
-    requests = num(ttft, "Request Count")
-    assert requests >= 2 and requests == num(post, "Request Count") == num(e2e, "Request Count")
+    ttft, itl = run.llm("text", "TTFT"), run.llm("text", "ITL")
+    e2e, tpot = run.llm("text", "E2E"), run.llm("text", "TPOT")
+    tps, post = run.llm("text", "TOKENS_PER_S"), run.row("POST", "text")
+    assert (ttft["Unit"], itl["Unit"], tps["Unit"]) == ("ms", "ms", "tok/s")
+    requests = num(ttft, "Count")
+    assert requests >= 2 and requests == num(post, "Request Count") == num(e2e, "Count")
     # One ITL sample per gap between the streamed tokens.
-    assert num(itl, "Request Count") == requests * (tokens - 1)
+    assert num(itl, "Count") == requests * (tokens - 1)
+    assert num(run.llm("text", "OUTPUT_TOKENS"), "Mean") == tokens
     # TTFT and E2E have exact lower bounds: the clock starts before the request
     # is sent and the fixture sleeps at least that long before answering. Their
     # upper bounds are one delay step above, so TTFT is neither the time to the
     # role chunk (~0) nor to the second token (first + gap).
-    assert first * 1000 <= num(ttft, "Min Response Time")
-    assert num(ttft, "Max Response Time") < (first + gap) * 1000
+    assert first * 1000 <= num(ttft, "Min")
+    assert num(ttft, "Max") < (first + gap) * 1000
     total = (first + gap * (tokens - 1)) * 1000
-    assert total <= num(e2e, "Min Response Time")
-    assert num(e2e, "Max Response Time") < total + gap * 1000
+    assert total <= num(e2e, "Min")
+    assert num(e2e, "Max") < total + gap * 1000
     # A single gap is measured between two arrivals, each with scheduling
     # jitter, so it is bounded loosely; the average is the fixture's gap.
-    assert gap * 500 <= num(itl, "Min Response Time")
-    assert num(itl, "Max Response Time") < gap * 2000
-    assert gap * 900 <= num(itl, "Average Response Time") < gap * 1250
-    assert gap * 900 <= num(tpot, "Average Response Time") < gap * 1250
-    assert num(tps, "Max Response Time") <= tokens / (total / 1000)
+    assert gap * 500 <= num(itl, "Min")
+    assert num(itl, "Max") < gap * 2000
+    assert gap * 900 <= num(itl, "Mean") < gap * 1250
+    assert gap * 900 <= num(tpot, "Mean") < gap * 1250
+    assert num(tps, "Max") <= tokens / (total / 1000)
     # The POST row covers the whole stream, not just the time to headers.
     assert total <= num(post, "Min Response Time")
+    # Locust's own rows are HTTP only: no metric pretends to be a request.
+    assert {r["Type"] for r in run.stats} == {"POST", "GET", ""}
 
     html = run.html.read_text()
+    section = html[html.index('id="moss-vl-llm-stats"') : html.index('<div id="root">')]
     for metric in chat.CUSTOM_METRICS:
-        assert f'"{metric}"' in html, f"{metric} missing from the HTML report"
-    assert re.search(r"^SLO PASS ttft_p95 0\.\d\ds < 3\.00s", run.stdout, re.MULTILINE), run.stdout
+        assert f"<td>{metric}</td>" in section, f"{metric} missing from the HTML report"
+    assert re.search(r"^SLO PASS ttft_p95 [4-9]\d\d ms < 3 s", run.stdout, re.MULTILINE), run.stdout
+
+    # The summary comes last, one line per scenario, and the verdict file says the same.
+    out = run.stdout.splitlines()
+    assert out[-1].startswith("verdict: PASS (exit code 0), written to "), out[-5:]
+    text_line = next(line for line in out if line.startswith("text "))
+    assert text_line.split()[1] == str(int(requests))
+    verdict = run.verdict
+    assert verdict["verdict"] == "pass" and verdict["exit_code"] == 0
+    assert verdict["mode"] == "closed" and verdict["model"] == "moss-vl"
+    doc = verdict["scenarios"]["text"]
+    assert doc["requests"] == requests and doc["failures"] == 0
+    assert doc["ttft"]["unit"] == "ms" and doc["ttft"]["count"] == requests
+    assert doc["ttft"]["p95"] == pytest.approx(num(ttft, "95%"))
+    assert doc["tokens_per_s"]["unit"] == "tok/s"
+    assert verdict["throughput"]["output_tokens"] == requests * tokens
+    assert verdict["preflight"]["model"] == "moss-vl"
+    assert [g["name"] for g in verdict["gates"]] == ["success_ratio", "ttft_p95"]
 
 
 def test_gate_fails_when_the_server_is_slow_and_passes_when_fast(fixture_server, run_locust):
@@ -204,7 +244,8 @@ def test_gate_fails_when_the_server_is_slow_and_passes_when_fast(fixture_server,
     assert run.returncode == 1, run.output
     lines = run.gate_lines()
     assert lines[0].startswith("SLO PASS success_ratio 100.00% >= 99.00%")
-    assert re.fullmatch(r"SLO FAIL ttft_p95 0\.\d\ds >= 0\.30s \(\d+ samples\)", lines[1]), lines
+    assert re.fullmatch(r"SLO FAIL ttft_p95 [5-9]\d\d ms >= 300 ms \(\d+ samples\)", lines[1]), lines
+    assert run.verdict["verdict"] == "fail" and run.verdict["exit_code"] == 1
     assert len(lines) == 2
 
     fast = fixture_server(num_tokens=2)
@@ -232,7 +273,7 @@ def test_server_errors_fail_requests_and_the_success_gate(fixture_server, run_lo
     pattern = r"^SLO FAIL success_ratio \d+\.\d\d% < 99\.00% \(1/\d+ requests succeeded\)$"
     assert re.search(pattern, run.stdout, re.MULTILINE), run.stdout
     assert "SLO FAIL ttft_p95 no TTFT samples" in run.stdout
-    assert run.rows("TTFT") == []  # failed requests record no latency
+    assert run.llm("text", "TTFT") is None  # failed requests record no latency
 
 
 def test_dropped_streams_count_as_failures(fixture_server, run_locust):
@@ -243,7 +284,7 @@ def test_dropped_streams_count_as_failures(fixture_server, run_locust):
     post = run.row("POST", "text")
     cut = sum(1 for r in server.chat_records() if r.error == "stream cut by disconnect_rate")
     assert cut >= 1 and num(post, "Failure Count") == cut
-    assert num(run.row("TTFT", "text"), "Request Count") == num(post, "Request Count") - cut
+    assert num(run.llm("text", "TTFT"), "Count") == num(post, "Request Count") - cut
     failures = (run.csv_prefix.parent / f"{run.csv_prefix.name}_failures.csv").read_text()
     assert "[DONE]" in failures or "stream broken" in failures
     assert run.returncode == 0, run.output  # 50% >= the 40% asked for
@@ -262,12 +303,15 @@ def test_options_come_from_environment_variables(fixture_server, run_locust):
     run = run_locust(server.url, users=2, run_time="3s", env=env)
     assert run.returncode == 0, run.output
     records = server.chat_records()
-    assert records and not [r for r in server.records if r.method == "GET"]  # --model given
+    # --model given: the preflight checks that the server lists it, with the key.
+    (models,) = [r for r in server.records if r.method == "GET"]
+    assert models.path == "/v1/models" and models.headers["Authorization"] == "Bearer k-123"
     for record in records:
         assert record.status == 200 and record.headers["Authorization"] == "Bearer k-123"
         assert record.body["max_tokens"] == 7 and record.body["stream"] is False
         assert [payload_name(u) for u in image_urls(record.body)] == ["img-small-64x64.png"]
-    assert run.rows("TTFT") == [] and num(run.row("E2E", "single_image"), "Request Count") > 0
+    assert run.llm("single_image", "TTFT") is None
+    assert num(run.llm("single_image", "E2E"), "Count") == len(records)
     assert "SLO SKIP ttft_p95 not measured: streaming is off" in run.stdout
 
 
@@ -280,7 +324,10 @@ def test_a_bad_option_stops_the_run_before_any_request(fixture_server, run_locus
 
 
 def test_distributed_run_aggregates_both_workers(fixture_server, tmp_path):
-    server = fixture_server(num_tokens=3, inter_token_delay=0.005)
+    # 1 s per request: requests are in flight when the run time ends, and
+    # must still reach the master's statistics (Locust's own master quits
+    # 0.5 s after asking the workers to, before they report them).
+    server = fixture_server(num_tokens=3, first_token_delay=1.0, inter_token_delay=0.005)
     prefix = tmp_path / "dist"
     with socket.socket() as probe:  # a free port for the master
         probe.bind(("127.0.0.1", 0))
@@ -322,8 +369,126 @@ def test_distributed_run_aggregates_both_workers(fixture_server, tmp_path):
     stats = read_stats(prefix)
     posts = sum(int(r["Request Count"]) for r in stats if r["Type"] == "POST")
     assert posts == len(server.chat_records()), "the master's stats miss some worker requests"
+    total = next(int(r["Request Count"]) for r in stats if r["Name"] == "Aggregated")
+    assert total == sum(server.request_counts().values())
+    # The generation metrics of both workers reached the master.
+    verdict = json.loads((tmp_path / "dist_verdict.json").read_text())
+    streamed = [r for r in server.chat_records() if r.status == 200]
+    assert verdict["scenarios"]["all"]["ttft"]["count"] == len(streamed)
+    assert verdict["throughput"]["output_tokens"] == 3 * len(streamed)
     # The options reached the workers from the master: only the two scenarios ran.
     assert {scenario_of(r)[0] for r in server.chat_records()} == {"text", "single_image"}
     # The master gates once; workers print no verdict.
     assert len([ln for ln in master_log.splitlines() if ln.startswith("SLO ")]) == 2
     assert all("SLO " not in log for log in worker_logs)
+
+
+def test_preflight_stops_a_run_against_a_dead_endpoint_in_seconds(tmp_path, run_locust):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    start = time.monotonic()
+    run = run_locust(f"http://127.0.0.1:{port}", run_time="60s")
+    assert run.returncode == 3, run.output
+    assert time.monotonic() - start < 30  # Locust's own start-up is most of it
+    assert "preflight failed: GET http://127.0.0.1:%d/v1/models: connection refused" % port in (
+        run.stderr
+    )
+    assert run.stats == []  # no user ever started
+    assert run.verdict == {
+        "verdict": "error",
+        "exit_code": 3,
+        "reason": run.verdict["reason"],
+        "host": f"http://127.0.0.1:{port}",
+    }
+
+
+def test_preflight_refuses_a_model_the_server_does_not_serve(fixture_server, run_locust):
+    server = fixture_server()
+    run = run_locust(server.url, "--model", "moss-vl-base", run_time="30s")
+    assert run.returncode == 3, run.output
+    assert "model 'moss-vl-base' is not served" in run.stderr and "(served: moss-vl)" in run.stderr
+    assert server.chat_records() == []  # not one chat request blamed on the model
+
+
+def test_open_loop_keeps_its_arrival_rate_when_the_server_is_slow(fixture_server, run_locust):
+    # Each request takes >= 1 s. Two closed-loop users send at most ~2 per
+    # second; the open loop sends its 8 per second regardless, with
+    # exponential gaps between arrivals.
+    slow = dict(first_token_delay=1.0, num_tokens=2)
+    closed_server = fixture_server(**slow)
+    closed = run_locust(closed_server.url, "--scenarios", "text=1", users=2, run_time="4s")
+    open_server = fixture_server(**slow)
+    opened = run_locust(
+        open_server.url,
+        "--scenarios",
+        "text=1",
+        "--arrival-rate",
+        "8",
+        users=2,
+        run_time="6s",
+    )
+    assert closed.returncode == 0 and opened.returncode == 0, opened.output
+    n_closed, arrivals = len(closed_server.chat_records()), open_server.chat_records()
+    assert n_closed <= 2 * 5  # two users, >= 1 s per request, 4 s (+ the last in flight)
+    # 48 arrivals expected in 6 s; a Poisson count is within +-3 sigma (~21) of it.
+    assert 48 - 21 <= len(arrivals) <= 48 + 21, len(arrivals)
+    times = sorted(r.received_at for r in arrivals)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    cv = statistics.stdev(gaps) / statistics.mean(gaps)
+    assert 0.6 < cv < 1.6, f"gaps do not look exponential (cv {cv:.2f}): {gaps}"
+    # Every arrival finished within --stop-timeout and is in the stats.
+    assert num(opened.row("POST", "text"), "Request Count") == len(arrivals)
+    verdict = opened.verdict
+    assert verdict["mode"] == "open" and verdict["arrival_rate"] == 8
+    assert verdict["arrivals"] == {"sent": len(arrivals), "dropped": 0}
+    assert "SLO PASS arrivals 0 dropped at --max-in-flight 256" in opened.stdout
+
+
+def test_open_loop_drops_arrivals_beyond_max_in_flight(fixture_server, run_locust):
+    server = fixture_server(first_token_delay=2.0, num_tokens=2)
+    run = run_locust(
+        server.url,
+        "--scenarios",
+        "text=1",
+        "--arrival-rate",
+        "20",
+        "--max-in-flight",
+        "3",
+        users=1,
+        run_time="3s",
+    )
+    assert run.returncode == 1, run.output
+    dropped = run.verdict["arrivals"]["dropped"]
+    assert dropped > 0 and len(server.chat_records()) == run.verdict["arrivals"]["sent"]
+    assert re.search(
+        rf"^SLO FAIL arrivals {dropped} dropped at --max-in-flight 3", run.stdout, re.M
+    )
+
+
+def test_one_task_picks_scenarios_by_the_configured_weights():
+    # The old file decorated each scenario with @task(N) and then replaced the
+    # weights per user: dead code. Now one task picks by --scenarios.
+    code = (
+        "import sys, runpy\n"
+        f"ns = runpy.run_path({str(LOCUSTFILE)!r})\n"
+        "user = ns['MossVLUser']\n"
+        "print([t.__name__ for t in user.tasks])\n"
+        "print(sorted(n for n in dir(user) if hasattr(getattr(user, n), 'locust_task_weight')))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=locust_env()
+    )
+    assert proc.returncode == 0, proc.stderr
+    tasks, weighted = proc.stdout.splitlines()[-2:]
+    assert tasks == "['iteration']" and weighted == "['iteration']"
+
+
+def test_scenario_mix_follows_the_weights(fixture_server, run_locust):
+    server = fixture_server(num_tokens=1)
+    run = run_locust(server.url, "--scenarios", "text=3,single_image=1", users=4, run_time="3s")
+    assert run.returncode == 0, run.output
+    names = [scenario_of(r)[0] for r in server.chat_records()]
+    share = names.count("text") / len(names)
+    # Binomial: with n > 80 and p = 0.75 the bounds are more than 3 sigma away.
+    assert len(names) > 80 and 0.6 < share < 0.9, (len(names), share)

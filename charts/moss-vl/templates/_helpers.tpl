@@ -310,15 +310,33 @@ Values the schema cannot express; each failure names the value and the reason.
 {{- end }}
 
 {{/*
-PromQL label matchers for this release's server pods: the namespace plus the
-pool Deployments' pod names (<fullname>-<device>-<replicaset hash>-<suffix>).
+PromQL label matchers for this release's pods, by the labels the
+ServiceMonitor/PodMonitor copy from the pods (the names Prometheus's usual
+`labelmap: __meta_kubernetes_pod_label_(.+)` gives them too), never by pod
+name: a long release name truncates the names a regex would expect.
+Call with (dict "root" $ "component" "server"|"router").
 */}}
 {{- define "moss-vl.promSelector" -}}
-{{- $devices := include "moss-vl.devices" . | fromJsonArray -}}
-namespace="{{ .Release.Namespace }}", pod=~"{{ include "moss-vl.fullname" . }}-({{ join "|" $devices }})-[a-z0-9]+-[a-z0-9]+"
+namespace="{{ .root.Release.Namespace }}", app_kubernetes_io_instance="{{ .root.Release.Name }}", app_kubernetes_io_component="{{ .component }}"
 {{- end }}
 
-{{/* PromQL matchers for one pool's server pods. Call with (dict "root" $ "device" "npu"). */}}
+{{/*
+The relabelings that put those labels (and the pool's `device`) on every
+series of a scraped pod. Shared by the ServiceMonitor and the PodMonitor.
+*/}}
+{{- define "moss-vl.scrapeRelabelings" -}}
+- sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_instance]
+  targetLabel: app_kubernetes_io_instance
+- sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_component]
+  targetLabel: app_kubernetes_io_component
+{{- if eq .component "server" }}
+# `device` tells the CUDA and the Ascend pool apart in alerts and dashboards.
+- sourceLabels: [__meta_kubernetes_pod_label_moss_vl_openmoss_io_device]
+  targetLabel: device
+{{- end }}
+{{- end }}
+
+{{/* PromQL matchers for one pool's server pods, by their labels. Call with (dict "root" $ "device" "npu"). */}}
 {{- define "moss-vl.poolPromSelector" -}}
-namespace="{{ .root.Release.Namespace }}", pod=~"{{ include "moss-vl.poolName" . }}-[a-z0-9]+-[a-z0-9]+"
+{{ include "moss-vl.promSelector" (dict "root" .root "component" "server") }}, device="{{ .device }}"
 {{- end }}

@@ -23,8 +23,14 @@ import json
 import math
 import os
 import random
+import socket
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from moss_vl_stats import format_seconds
 
 # ---- scenarios --------------------------------------------------------------
 
@@ -35,9 +41,9 @@ DEFAULT_SCENARIO_WEIGHTS = (
 )
 BAD_INPUT_KINDS = ("malformed_data_uri", "unsupported_media_type", "empty_messages")
 
-# Locust request types of the custom metrics. TTFT, ITL, TPOT and E2E are in
-# milliseconds like every Locust response time; TOKENS_PER_S puts output tokens
-# per second in the same columns (Locust has one value column per row).
+# The generation metrics (moss_vl_stats.METRICS): TTFT, ITL, TPOT and E2E in
+# milliseconds, TOKENS_PER_S in output tokens per second. They are statistics
+# of their own, never Locust request events.
 METRIC_TTFT = "TTFT"
 METRIC_ITL = "ITL"
 METRIC_TPOT = "TPOT"
@@ -143,6 +149,11 @@ class Settings:
     slo_ttft_p95: float = 3.0
     slo_itl_p95: float = 0.0
     slo_success_ratio: float = 0.99
+    arrival_rate: float = 0.0
+    max_in_flight: int = 256
+    preflight_timeout: float = 10.0
+    verdict_file: str = ""
+    progress_interval: float = 10.0
 
 
 # (setting, flag, env var): the names shown in error messages.
@@ -162,6 +173,11 @@ FLAGS = {
     "slo_ttft_p95": ("--slo-ttft-p95", "MOSS_VL_LOADTEST_SLO_TTFT_P95"),
     "slo_itl_p95": ("--slo-itl-p95", "MOSS_VL_LOADTEST_SLO_ITL_P95"),
     "slo_success_ratio": ("--slo-success-ratio", "MOSS_VL_LOADTEST_SLO_SUCCESS_RATIO"),
+    "arrival_rate": ("--arrival-rate", "MOSS_VL_LOADTEST_ARRIVAL_RATE"),
+    "max_in_flight": ("--max-in-flight", "MOSS_VL_LOADTEST_MAX_IN_FLIGHT"),
+    "preflight_timeout": ("--preflight-timeout", "MOSS_VL_LOADTEST_PREFLIGHT_TIMEOUT"),
+    "verdict_file": ("--verdict-file", "MOSS_VL_LOADTEST_VERDICT_FILE"),
+    "progress_interval": ("--progress-interval", "MOSS_VL_LOADTEST_PROGRESS_INTERVAL"),
 }
 
 
@@ -209,6 +225,15 @@ def build_settings(values: dict, default_payloads: str) -> Settings:
         slo_itl_p95=_number("slo_itl_p95", values.get("slo_itl_p95", 0.0), float, 0.0),
         slo_success_ratio=_number(
             "slo_success_ratio", values.get("slo_success_ratio", 0.99), float, 0.0, 1.0
+        ),
+        arrival_rate=_number("arrival_rate", values.get("arrival_rate", 0.0), float, 0.0),
+        max_in_flight=_number("max_in_flight", values.get("max_in_flight", 256), int, 1),
+        preflight_timeout=_number(
+            "preflight_timeout", values.get("preflight_timeout", 10.0), float, 0.1
+        ),
+        verdict_file=str(values.get("verdict_file") or ""),
+        progress_interval=_number(
+            "progress_interval", values.get("progress_interval", 10.0), float, 0.0
         ),
     )
 
@@ -393,6 +418,102 @@ def error_message(body: bytes | str | None) -> str:
     return text[:200]
 
 
+# ---- preflight ----------------------------------------------------------------
+
+
+class PreflightError(Exception):
+    """The endpoint cannot serve the run; the message says what and what to do."""
+
+
+@dataclass(frozen=True)
+class PreflightResult:
+    url: str
+    status: int
+    models: tuple[str, ...]
+    model: str
+    elapsed_ms: float
+    response_bytes: int
+
+    def to_dict(self) -> dict:
+        return {
+            "url": self.url,
+            "status": self.status,
+            "models": list(self.models),
+            "model": self.model,
+            "elapsed_ms": round(self.elapsed_ms, 1),
+        }
+
+
+def models_url(host: str) -> str:
+    host = host.rstrip("/")
+    # An OpenAI-style base URL (".../v1") as well as the server root.
+    return f"{host}/models" if host.endswith("/v1") else f"{host}/v1/models"
+
+
+def preflight(
+    host: str, *, api_key: str, model: str, timeout: float, request_id: str
+) -> PreflightResult:
+    """GET /v1/models once: the endpoint answers, speaks OpenAI, and serves `model`
+    (empty: the first model it lists is used). Raises PreflightError."""
+    url = models_url(host)
+    headers = {"Accept": "application/json", "X-Request-Id": request_id}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    start = time.perf_counter()
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers), timeout=timeout
+        ) as resp:
+            status, body = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        status, body = exc.code, exc.read()
+    except (TimeoutError, socket.timeout):
+        raise PreflightError(
+            f"GET {url}: no answer within {timeout:g} s (--preflight-timeout); "
+            "is the server still starting, or the address wrong?"
+        ) from None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, ConnectionRefusedError):
+            raise PreflightError(
+                f"GET {url}: connection refused; nothing listens there. Is the server "
+                "(or `kubectl port-forward svc/<release> 30000`) running?"
+            ) from None
+        if isinstance(reason, (TimeoutError, socket.timeout)):
+            raise PreflightError(
+                f"GET {url}: no answer within {timeout:g} s (--preflight-timeout)"
+            ) from None
+        raise PreflightError(f"GET {url}: cannot reach the host: {reason}") from None
+    except (OSError, ValueError) as exc:
+        raise PreflightError(f"GET {url}: {exc}") from None
+    elapsed_ms = (time.perf_counter() - start) * 1000.0
+    if status in (401, 403):
+        raise PreflightError(
+            f"GET {url} gave HTTP {status}: the API key was refused; set --api-key "
+            f"(${FLAGS['api_key'][1]}) to the server's key ({error_message(body)})"
+        )
+    if status != 200:
+        raise PreflightError(
+            f"GET {url} gave HTTP {status} ({error_message(body) or 'no body'}); "
+            "is this an OpenAI-compatible endpoint (SGLang serves /v1/models)?"
+        )
+    try:
+        served = tuple(str(m["id"]) for m in json.loads(body)["data"])
+    except (ValueError, KeyError, TypeError):
+        raise PreflightError(
+            f"GET {url} gave no OpenAI model list ({body[:120]!r}); is this an "
+            "OpenAI-compatible endpoint?"
+        ) from None
+    if not served:
+        raise PreflightError(f"GET {url}: the server lists no model")
+    if model and model not in served:
+        raise PreflightError(
+            f"model {model!r} is not served at {host} (served: {', '.join(served)}); "
+            f"fix {FLAGS['model'][0]} or leave it empty to use the first"
+        )
+    return PreflightResult(url, status, served, model or served[0], elapsed_ms, len(body))
+
+
 # ---- streaming --------------------------------------------------------------
 
 
@@ -559,13 +680,15 @@ def evaluate_gates(
     requests: int,
     failures: int,
     ttft_samples: int,
-    ttft_p95_ms: float,
+    ttft_p95_ms: float | None,
     itl_samples: int,
-    itl_p95_ms: float,
+    itl_p95_ms: float | None,
+    arrivals_dropped: int = 0,
 ) -> list[GateResult]:
-    """One result per gate; percentiles come from Locust's own stats entries.
+    """One result per gate.
 
-    `requests`/`failures` count HTTP requests only, never the custom metric rows.
+    `requests`/`failures` count HTTP requests only; the percentiles come from the
+    load test's own distributions (moss_vl_stats), in milliseconds.
     """
     results = []
 
@@ -596,7 +719,7 @@ def evaluate_gates(
         if not settings.stream:
             add(name, "SKIP", "not measured: streaming is off (--stream false)")
             continue
-        if samples == 0:
+        if samples == 0 or p95_ms is None:
             add(
                 name, "FAIL", f"no {name.split('_')[0].upper()} samples (no streamed token arrived)"
             )
@@ -604,5 +727,18 @@ def evaluate_gates(
         seconds = p95_ms / 1000.0
         ok = seconds < limit
         op = "<" if ok else ">="
-        add(name, "PASS" if ok else "FAIL", f"{seconds:.2f}s {op} {limit:.2f}s ({samples} samples)")
+        add(
+            name,
+            "PASS" if ok else "FAIL",
+            f"{format_seconds(seconds)} {op} {format_seconds(limit)} ({samples} samples)",
+        )
+    if settings.arrival_rate > 0:
+        # Open loop: an arrival that found --max-in-flight requests pending was
+        # not sent, so the server did not see the rate asked for.
+        add(
+            "arrivals",
+            "FAIL" if arrivals_dropped else "PASS",
+            f"{arrivals_dropped} dropped at --max-in-flight {settings.max_in_flight}"
+            + (" (the server fell behind the arrival rate)" if arrivals_dropped else ""),
+        )
     return results
