@@ -70,6 +70,15 @@ patch_flashinfer_backend (CUDA): the staircase plan for cross-attention prefill.
 ``...FlashInferAttnBackend.forward_extend`` (around)
     Why/How: segments without KV leave their rows undefined; they are zeroed.
     Removal (all three): when upstream plans cross-attention from a staircase.
+
+patch_moss_vl_processor:
+``sglang.srt.multimodal.processors.moss_vl.MossVLImageProcessor._normalize_single_video_input`` (around)
+    Why: a ``video_url`` that cannot be fetched (refused, 404, timeout) raises a
+        ``requests`` error, which SGLang's OpenAI layer answers with 500 "Internal
+        server error"; a bad data URI's ValueError does not name the input.
+    How: client-input failures of that step become a ValueError naming the video
+        (URL, or media type and length of a data URI) and the reason: HTTP 400.
+    Removal: when upstream's processor maps fetch failures to client errors.
 """
 
 from __future__ import annotations
@@ -91,6 +100,7 @@ HOOK_MODULES = (
     "moss_vl.hooks.patch_moss_vl",
     "moss_vl.hooks.patch_schedule_batch",
     "moss_vl.hooks.patch_flashinfer_backend",
+    "moss_vl.hooks.patch_moss_vl_processor",
 )
 
 
