@@ -129,11 +129,7 @@ def main(checkpoint: str, video_dir: str) -> dict:
 
     report: dict = {"temp_files_before": temp_files(), "good": {}, "bad": {}}
     report["mm_processor"] = type(tokenizer_manager.mm_processor).__name__
-    from sglang.srt.multimodal.processors.moss_vl import MossVLImageProcessor
 
-    report["fetch_hooked"] = hasattr(
-        MossVLImageProcessor._normalize_single_video_input, "__wrapped__"
-    ) or "moss_vl" in repr(MossVLImageProcessor._normalize_single_video_input)
 
     sent = []
 
