@@ -139,3 +139,23 @@ def test_unknown_video_setting_is_refused(processor, clips):
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
+
+
+def test_cost_of_64_frames_of_720p(processor, tmp_path):
+    """The number docs/video.md and the chart quote: 64 frames of 720p, MOSS-VL's settings."""
+    # Four real 720p frames with the budget each of 64 would get (video_max_pixels / 64):
+    # the same per-frame geometry at a sixteenth of the CPU time.
+    path = write_video(tmp_path / "720p.mp4", width=1280, height=720, fps=1, seconds=4)
+    out = processor(
+        text=["<|video|>"], videos=[str(path)], return_tensors="pt",
+        # The published checkpoint's pixel bounds and video budget (VIDEO_DEFAULTS).
+        images_kwargs={"min_pixels": 4096, "max_pixels": 16777216},
+        videos_kwargs={"video_fps": 1.0, "max_frames": 64,
+                       "video_max_pixels": 201326592 * 4 // 64},
+    )
+    grid = out["grid_thw"].tolist()
+    assert grid == [[1, 44, 80]] * 4  # 720 rounds to 704 (multiples of 32)
+    per_frame = 44 * 80 // 4 + 1  # merged 2x2, plus the frame's separator
+    assert 64 * per_frame == 56384
+    # Each frame also costs its timestamp text: <|time_start|>X.X seconds<|time_end|><|image_pad|>.
+    assert out["input_ids"].shape[1] > 4 * 6
