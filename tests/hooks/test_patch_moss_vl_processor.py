@@ -63,3 +63,29 @@ def test_other_errors_are_left_alone():
 def test_describe_video_input_shortens():
     assert describe_video_input(123) == "video input of type int"
     assert len(describe_video_input("http://h/" + "x" * 500)) < 220
+
+
+def test_no_temp_file_is_left_when_one_video_of_a_request_fails(tmp_path):
+    """0.5.17's gather left the good video's file behind; the replacement removes it."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from moss_vl.hooks.patch_moss_vl_processor import normalize_videos_without_leaks
+
+    class Processor:
+        io_executor = ThreadPoolExecutor(2)
+
+        def _normalize_single_video_input(self, video_input):
+            if video_input.startswith("http://"):
+                raise ValueError(f"video {video_input!r}: could not be fetched")
+            path = tmp_path / f"{video_input}.mp4"
+            path.write_bytes(b"video")
+            return str(path), [str(path)]
+
+    proc = Processor()
+    with pytest.raises(ValueError, match="could not be fetched"):
+        asyncio.run(normalize_videos_without_leaks(proc, ["a", "http://127.0.0.1:9/x", "b"]))
+    assert list(tmp_path.iterdir()) == []
+    normalized, created = asyncio.run(normalize_videos_without_leaks(proc, ["a", "b"]))
+    assert normalized == created == [str(tmp_path / "a.mp4"), str(tmp_path / "b.mp4")]
+    assert asyncio.run(normalize_videos_without_leaks(proc, None)) == (None, [])

@@ -79,6 +79,11 @@ patch_moss_vl_processor:
     How: client-input failures of that step become a ValueError naming the video
         (URL, or media type and length of a data URI) and the reason: HTTP 400.
     Removal: when upstream's processor maps fetch failures to client errors.
+``...MossVLImageProcessor._normalize_video_inputs_async`` (replace; 0.5.17 only)
+    Why: 0.5.17 gathers the videos of a request without ``return_exceptions``: when
+        one fails, the temporary files already written for the others stay on disk.
+    How: 0.5.23's behaviour: wait for all, remove what was written, raise the first error.
+    Removal: with 0.5.17 support (0.5.23 fixed it upstream).
 """
 
 from __future__ import annotations

@@ -44,13 +44,57 @@ def client_video_errors(original, self, video_input, *args, **kwargs):
         raise ValueError(f"{describe_video_input(video_input)}: {err}") from err
 
 
+async def normalize_videos_without_leaks(self, video_data):
+    """0.5.17's ``_normalize_video_inputs_async``, without its temporary-file leak.
+
+    0.5.17 gathers the per-video tasks without ``return_exceptions``: when one video of
+    a request fails (a dead URL next to a good data URI), the files already written for
+    the others are never removed. As 0.5.23 does: wait for every task, remove what was
+    written when any failed, then raise the first error.
+    """
+    import asyncio
+
+    if not video_data:
+        return video_data, []
+    loop = asyncio.get_running_loop()
+    futures = [loop.run_in_executor(self.io_executor, self._normalize_single_video_input, v)
+               for v in video_data]
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    done = [r for r in results if not isinstance(r, BaseException)]
+    temp_paths = [path for _, created in done for path in created]
+    if errors:
+        remove_files(temp_paths)
+        raise errors[0]
+    return [normalized for normalized, _ in done], temp_paths
+
+
+def remove_files(paths) -> None:
+    import os
+
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
 TARGETS = [
     Hook(
         name="moss_vl_processor.client_video_errors",
         target=f"{_MODULE}.MossVLImageProcessor._normalize_single_video_input",
         kind="around",
         func=client_video_errors,
-        sglang_versions=("0.5.23",),
+        sglang_versions=("0.5.17", "0.5.23"),
         signature=("self", "video_input"),
+    ),
+    Hook(
+        name="moss_vl_processor.normalize_videos_without_leaks",
+        target=f"{_MODULE}.MossVLImageProcessor._normalize_video_inputs_async",
+        kind="replace",
+        func=normalize_videos_without_leaks,
+        # 0.5.23 cleans up itself (return_exceptions, then removes what was written).
+        sglang_versions=("0.5.17",),
+        signature=("self", "video_data"),
     ),
 ]
