@@ -1,4 +1,4 @@
-"""Generate the images under loadtest/payloads/ (run once; the outputs are committed).
+"""Generate the images and videos under loadtest/payloads/ (run once; the outputs are committed).
 
     .venv/bin/python loadtest/make_payloads.py
 
@@ -39,6 +39,15 @@ STILLS = [
 ]
 FRAMES = 8
 FRAME_SIZE = (320, 240)
+# (name, codec, width, height, fps, seconds, bit rate): real video files for the
+# video scenario, sent as `video_url` data URIs, from a short clip to a 720p one of
+# over 8 MiB (about 11.5 MiB of base64 in the request body).
+VIDEOS = [
+    ("video-small", "h264", 320, 240, 10, 4, 200_000),
+    ("video-medium", "vp9", 640, 360, 12, 8, 600_000),
+    ("video-large", "h264", 1280, 720, 24, 20, 3_600_000),
+]
+VIDEO_EXT = {"h264": "mp4", "vp9": "webm"}
 BUDGET_BYTES = 600 * 1024
 EXT = {"PNG": "png", "JPEG": "jpg"}
 
@@ -91,9 +100,12 @@ def save(img: Image.Image, path: Path, fmt: str) -> None:
         img.quantize(colors=64).save(path, "PNG", optimize=True)
 
 
-def generate(out_dir: Path) -> list[Path]:
+def generate(out_dir: Path, videos: bool = True) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    for old in list(out_dir.glob("img-*")) + list(out_dir.glob("frame-*")):
+    stale = list(out_dir.glob("img-*")) + list(out_dir.glob("frame-*"))
+    if videos:
+        stale += list(out_dir.glob("video-*"))
+    for old in stale:
         old.unlink()
     written = []
     for i, (name, w, h, fmt) in enumerate(STILLS):
@@ -105,6 +117,21 @@ def generate(out_dir: Path) -> list[Path]:
         path = out_dir / f"frame-{i:02d}-{fw}x{fh}.jpg"
         save(draw_scene(fw, fh, seed=100, phase=i / (FRAMES - 1)), path, "JPEG")
         written.append(path)
+    if videos:
+        written += write_videos(out_dir)
+    return written
+
+
+def write_videos(out_dir: Path) -> list[Path]:
+    """Encode VIDEOS with PyAV (the `av` package of the project's test extra)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from moss_vl.testing.videos import write_video
+
+    written = []
+    for i, (name, codec, w, h, fps, seconds, bit_rate) in enumerate(VIDEOS):
+        path = out_dir / f"{name}-{w}x{h}-{seconds}s.{VIDEO_EXT[codec]}"
+        written.append(write_video(path, codec=codec, width=w, height=h, fps=fps,
+                                   seconds=seconds, bit_rate=bit_rate, grain=24, seed=i))
     return written
 
 
@@ -116,12 +143,16 @@ def main(argv: list[str] | None = None) -> int:
         default=Path(__file__).resolve().parent / "payloads",
         help="output folder (default: loadtest/payloads next to this script)",
     )
+    parser.add_argument("--no-videos", action="store_true",
+                        help="write the images only (the videos take about a minute)")
     args = parser.parse_args(argv)
-    written = generate(args.out)
-    total = sum(p.stat().st_size for p in written)
+    written = generate(args.out, videos=not args.no_videos)
+    # Videos do not go into the chart's ConfigMap (see the chart README), so only
+    # the images count against its budget.
+    total = sum(p.stat().st_size for p in written if not p.name.startswith("video-"))
     for p in written:
         print(f"{p.stat().st_size:>8}  {p.name}")
-    print(f"{total:>8}  total ({len(written)} files)")
+    print(f"{total:>8}  total of the images ({len(written)} files in all)")
     if total > BUDGET_BYTES:
         print(
             f"error: {args.out} holds {total} bytes, over the {BUDGET_BYTES}-byte budget "

@@ -13,7 +13,7 @@ import base64
 import gzip
 import json
 
-from .chart_render import CHART, RELEASE, REPO, render
+from .chart_render import CHART, RELEASE, REPO, render, render_error
 
 SOURCES = ("locustfile.py", "moss_vl_chat.py", "moss_vl_stats.py")
 PAYLOAD_MAX_BYTES = 64 * 1024
@@ -79,3 +79,22 @@ def test_release_fits_in_a_helm_secret():
     assert stored < 1024 * 1024, (
         f"release Secret would be {stored} bytes (> 1 MiB): bundle fewer payloads"
     )
+
+
+def test_payloads_volume_replaces_the_configmaps():
+    # Videos (8.6 MiB) do not fit a ConfigMap: a volume source (here an OCI image
+    # volume) mounts the whole loadtest/payloads folder instead.
+    ref = "registry.example.com/moss-vl-payloads:0.1.0"
+    r = render("loadtest.enabled=true", f"loadtest.payloadsVolume.image.reference={ref}")
+    assert r.maybe("ConfigMap", f"{RELEASE}-loadtest-payloads") is None
+    for kind, name in (("Job", "loadtest-master"), ("Deployment", "loadtest-worker")):
+        spec = r.get(kind, f"{RELEASE}-{name}")["spec"]["template"]["spec"]
+        assert {"name": "payloads", "image": {"reference": ref}} in spec["volumes"]
+        mounts = spec["containers"][0]["volumeMounts"]
+        assert {"name": "payloads", "mountPath": "/mnt/payloads", "readOnly": True} in mounts
+
+
+def test_payloads_volume_takes_one_source():
+    err = render_error("loadtest.enabled=true", "loadtest.payloadsVolume.image.reference=a",
+                       "loadtest.payloadsVolume.persistentVolumeClaim.claimName=b")
+    assert "payloadsVolume" in err

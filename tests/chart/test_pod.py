@@ -175,11 +175,12 @@ def test_extra_args_joined_per_pool():
     cuda = env_of(
         container(r.get("Deployment", f"{RELEASE}-cuda")["spec"]["template"]["spec"], "server")
     )
-    assert (
-        npu["MOSS_VL_EXTRA_ARGS"]["value"]
-        == "--chunked-prefill-size 4096 --max-running-requests 16"
+    # After the video limits (test_video_limits_reach_sglang), in this order.
+    assert npu["MOSS_VL_EXTRA_ARGS"]["value"].endswith(
+        " --chunked-prefill-size 4096 --max-running-requests 16"
     )
-    assert cuda["MOSS_VL_EXTRA_ARGS"]["value"] == "--chunked-prefill-size 4096"
+    assert cuda["MOSS_VL_EXTRA_ARGS"]["value"].endswith(" --chunked-prefill-size 4096")
+    assert cuda["MOSS_VL_EXTRA_ARGS"]["value"].startswith("--mm-process-config ")
 
 
 def test_accelerator_resources_and_placement(rendered, values):
@@ -378,6 +379,47 @@ def test_topology_spread_defaults_to_pool_selector():
     spec = r.get("Deployment", f"{RELEASE}-cuda")["spec"]["template"]["spec"]
     tsc = spec["topologySpreadConstraints"][0]
     assert tsc["labelSelector"]["matchLabels"]["moss-vl.openmoss.io/device"] == "cuda"
+
+
+def _server_args(extra_args: str) -> dict:
+    """The video flags of MOSS_VL_EXTRA_ARGS as SGLang's own argument parser reads them."""
+    import argparse
+    import shlex
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(["--model-path", "/models/m", *shlex.split(extra_args)])
+    return {"mm_process_config": args.mm_process_config,
+            "media_url_max_file_size_mb": args.media_url_max_file_size_mb}
+
+
+def test_video_limits_reach_sglang(rendered, values):
+    video = values["server"]["video"]
+    for _device, spec in pods(rendered, values):
+        extra = env_of(container(spec, "server"))["MOSS_VL_EXTRA_ARGS"]["value"]
+        parsed = _server_args(extra)
+        config = parsed["mm_process_config"]["video"]
+        assert config["video_fps"] == video["fps"]
+        assert config["max_frames"] == video["maxFrames"]
+        assert config["video_max_pixels"] == video["maxPixels"]
+        # Refusal limits go out only when set: not every processor knows the keys.
+        assert ("max_duration_seconds" in config) == bool(video["maxDurationSeconds"])
+        assert ("max_video_bytes" in config) == bool(video["maxBytes"])
+        assert parsed["media_url_max_file_size_mb"] == video["maxDownloadMiB"]
+
+
+def test_video_refusal_limits_and_overrides():
+    r = render("server.video.maxDurationSeconds=120", "server.video.maxBytes=25165824",
+               "server.video.maxFrames=32", "server.extraArgs=--media-url-max-file-size-mb 8")
+    spec = r.get("Deployment", f"{RELEASE}-cuda")["spec"]["template"]["spec"]
+    parsed = _server_args(env_of(container(spec, "server"))["MOSS_VL_EXTRA_ARGS"]["value"])
+    assert parsed["mm_process_config"] == {"video": {
+        "video_fps": 1, "max_frames": 32, "video_max_pixels": 201326592,
+        "max_duration_seconds": 120, "max_video_bytes": 25165824}}
+    # The operator's extraArgs come last and win.
+    assert parsed["media_url_max_file_size_mb"] == 8
 
 
 def images(r) -> dict[str, set[str]]:

@@ -19,7 +19,9 @@ client sees from `sglang.launch_server`:
 
 Images are checked for real: a data URI must be `data:image/png|jpeg;base64,...`,
 strict base64, with the declared format's magic bytes, and Pillow must decode
-it; anything else, an empty `messages` list or a wrong model name gets a 4xx.
+it; a `video_url` must be a `data:video/mp4|webm;base64,...` URI whose bytes carry
+that container's signature; anything else, an empty `messages` list or a wrong
+model name gets a 4xx.
 
 Knobs (`FixtureConfig`): first-token delay, inter-token delay, tokens per reply,
 an exact share of requests answered with HTTP 500, an exact share of streams
@@ -53,6 +55,10 @@ from PIL import Image
 DATA_URI = re.compile(r"^data:(?P<type>[^;,]*)(?P<params>(;[^;,]*)*),(?P<data>.*)$", re.DOTALL)
 MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
 PIL_FORMAT = {"image/png": "PNG", "image/jpeg": "JPEG"}
+# Videos are checked by container signature only (the fixture decodes no video).
+VIDEO_FORMAT = {"video/mp4": "MP4", "video/webm": "WEBM"}
+# A stand-in encoder length per video: 8 frames of 20x15 merged patches plus separators.
+VIDEO_TOKENS = 8 * (20 * 15 + 1)
 # MOSS-VL: 16-pixel patches merged 2x2, plus one separator token per image.
 PATCH, MERGE = 16, 2
 
@@ -125,6 +131,27 @@ def decode_image_url(url: object, where: str) -> tuple[str, int, int]:
     return fmt, width, height
 
 
+def decode_video_url(url: object, where: str) -> tuple[str, int, int]:
+    """Validate one video_url data URI: media type, strict base64, container signature."""
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise BadRequest(f"{where}.url: only data URIs are accepted here")
+    match = DATA_URI.match(url)
+    if match is None or ";base64" not in match["params"].lower():
+        raise BadRequest(f"{where}.url: malformed data URI")
+    media_type = match["type"].lower()
+    if media_type not in VIDEO_FORMAT:
+        raise BadRequest(f"{where}.url: unsupported media type {match['type']!r} "
+                         "(expected video/mp4 or video/webm)")
+    try:
+        raw = base64.b64decode(match["data"], validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise BadRequest(f"{where}.url: malformed data URI: invalid base64 ({exc})") from None
+    signed = raw[4:8] == b"ftyp" if media_type == "video/mp4" else raw.startswith(b"\x1a\x45\xdf\xa3")
+    if not signed:
+        raise BadRequest(f"{where}.url: declared {media_type} but the bytes are not {media_type}")
+    return VIDEO_FORMAT[media_type], 0, 0
+
+
 def validate_chat(body: object, model: str) -> tuple[list[tuple[str, int, int]], int]:
     """The decoded images and the prompt's token count, or BadRequest."""
     if not isinstance(body, dict):
@@ -162,10 +189,14 @@ def validate_chat(body: object, model: str) -> tuple[list[tuple[str, int, int]],
                 text_chars += len(part["text"])
             elif kind == "image_url" and isinstance(part.get("image_url"), dict):
                 images.append(decode_image_url(part["image_url"].get("url"), f"{pwhere}.image_url"))
+            elif kind == "video_url" and isinstance(part.get("video_url"), dict):
+                images.append(decode_video_url(part["video_url"].get("url"), f"{pwhere}.video_url"))
             else:
                 raise BadRequest(f"{pwhere}: unsupported content part {str(part)[:60]!r}")
     image_tokens = sum(
-        math.ceil(h / (PATCH * MERGE)) * math.ceil(w / (PATCH * MERGE)) + 1 for _f, w, h in images
+        VIDEO_TOKENS if f in VIDEO_FORMAT.values()
+        else math.ceil(h / (PATCH * MERGE)) * math.ceil(w / (PATCH * MERGE)) + 1
+        for f, w, h in images
     )
     return images, text_chars // 4 + image_tokens
 

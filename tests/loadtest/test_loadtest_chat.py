@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import random
+from pathlib import Path
 
 import moss_vl_chat as chat
 import pytest
@@ -205,7 +206,20 @@ def test_payloads_are_typed_by_their_bytes_not_their_names():
     for name, payload in payloads.items():
         raw = base64.b64decode(payload.data_uri.split(",", 1)[1])
         assert raw == (PAYLOADS / name).read_bytes()
-        assert payload.media_type == ("image/png" if name.endswith(".png") else "image/jpeg")
+        by_suffix = {".png": "image/png", ".jpg": "image/jpeg", ".mp4": "video/mp4",
+                     ".webm": "video/webm"}
+        assert payload.media_type == by_suffix[Path(name).suffix]
+
+
+def test_videos_stay_out_of_the_image_mix_and_go_in_video_url_parts():
+    payloads = chat.load_payloads(PAYLOADS)
+    pool = chat.build_image_pool(payloads, {"*": 1}, str(PAYLOADS))
+    assert {p.media_type for p in pool.videos} == {"video/mp4", "video/webm"}
+    assert all(p.media_type.startswith("image/") for p in pool.stills + pool.frames)
+    message = chat.video_message(pool.videos[0], "What happens?")
+    assert message["content"][0] == {"type": "video_url",
+                                     "video_url": {"url": pool.videos[0].data_uri}}
+    assert pool.videos[0].data_uri.startswith(f"data:{pool.videos[0].media_type};base64,")
 
 
 def test_image_mix_weights_pick_matching_files_and_reject_unmatched_patterns():

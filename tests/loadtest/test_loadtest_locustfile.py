@@ -2,7 +2,7 @@
 
 - Every scenario sends well-formed OpenAI chat requests: image parts are data
   URIs that decode to the bundled payloads, multi_image sends distinct images,
-  video the clip's frames in order, text none; streamed requests ask for usage.
+  video one real video file (video_url), text none; streamed requests ask for usage.
 - multi_turn keeps the history: each turn resends the previous turns unchanged,
   adds the assistant's streamed answer and one new image.
 - bad_input gets a 4xx and counts as success; a 5xx counts as failure.
@@ -67,14 +67,26 @@ def image_urls(body: dict) -> list[str]:
 
 def decode(url: str) -> bytes:
     header, _, data = url.partition(",")
-    assert header in ("data:image/png;base64", "data:image/jpeg;base64"), header
+    assert header in ("data:image/png;base64", "data:image/jpeg;base64", "data:video/mp4;base64",
+                      "data:video/webm;base64"), header
     raw = base64.b64decode(data, validate=True)
-    with Image.open(io.BytesIO(raw)) as img:
-        img.load()  # a real, complete image
+    if header.startswith("data:image/"):
+        with Image.open(io.BytesIO(raw)) as img:
+            img.load()  # a real, complete image
     return raw
 
 
 PAYLOAD_BYTES = {path.read_bytes(): path.name for path in PAYLOADS.iterdir()}
+
+
+def video_urls(body: dict) -> list[str]:
+    return [
+        part["video_url"]["url"]
+        for message in body["messages"]
+        if isinstance(message["content"], list)
+        for part in message["content"]
+        if part["type"] == "video_url"
+    ]
 
 
 def payload_name(url: str) -> str:
@@ -124,7 +136,10 @@ def test_every_scenario_sends_well_formed_requests(fixture_server, run_locust):
             elif scenario == "multi_image":
                 assert len(names) == 3 and len(set(names)) == 3
             elif scenario == "video":
-                assert names == sorted(n for n in PAYLOAD_BYTES.values() if n.startswith("frame-"))
+                # One real video file (MP4 or WebM) per request, no frames as images.
+                assert names == []
+                (video,) = [payload_name(url) for url in video_urls(body)]
+                assert video.startswith("video-") and video.endswith((".mp4", ".webm"))
             elif scenario == "text":
                 assert names == [] and isinstance(body["messages"][-1]["content"], str)
         # Every request the server answered is in Locust's stats (stop-timeout).

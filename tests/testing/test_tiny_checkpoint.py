@@ -218,8 +218,9 @@ def test_placeholder_image_mismatch_is_refused(processor, text, n_images, messag
         processor(text=[text], images=[_image(32, 32)] * n_images)
 
 
-def test_videos_and_bad_images_are_refused(processor):
-    with pytest.raises(ValueError, match="supports images only"):
+def test_missing_videos_and_bad_images_are_refused(processor):
+    # Videos themselves: tests/testing/test_video_processor.py.
+    with pytest.raises(ValueError, match="video 0 of the request: no such file"):
         processor(text=["<|video|>"], videos=["clip.mp4"])
     with pytest.raises(TypeError, match="image 0: expected a PIL image"):
         processor(text=["<|image|>"], images=["not-an-image"])

@@ -117,8 +117,12 @@ volumes:
     configMap:
       name: {{ $fullname }}-loadtest
   - name: payloads
+    {{- if $lt.payloadsVolume }}
+    {{- toYaml $lt.payloadsVolume | nindent 4 }}
+    {{- else }}
     configMap:
       name: {{ default (printf "%s-loadtest-payloads" $fullname) $lt.payloadsConfigMap }}
+    {{- end }}
   - name: tmp
     emptyDir:
       sizeLimit: 1Gi

@@ -158,7 +158,13 @@ spec:
         {{- end }}
         - name: MOSS_VL_CROSS_ATTN_PLAN
           value: {{ $v.server.crossAttnPlan | quote }}
-        {{- $extra := list $v.server.extraArgs $pool.extraArgs | compact | join " " }}
+        {{- /* Video limits first, so an operator's extraArgs can still override them. */}}
+        {{- $vid := $v.server.video }}
+        {{- $videoConfig := dict "video_fps" $vid.fps "max_frames" (int64 $vid.maxFrames) "video_max_pixels" (int64 $vid.maxPixels) }}
+        {{- if $vid.maxDurationSeconds }}{{ $_ := set $videoConfig "max_duration_seconds" $vid.maxDurationSeconds }}{{ end }}
+        {{- if $vid.maxBytes }}{{ $_ := set $videoConfig "max_video_bytes" (int64 $vid.maxBytes) }}{{ end }}
+        {{- $videoArgs := printf "--mm-process-config %s --media-url-max-file-size-mb %d" (dict "video" $videoConfig | toJson | squote) (int64 $vid.maxDownloadMiB) }}
+        {{- $extra := list $videoArgs $v.server.extraArgs $pool.extraArgs | compact | join " " }}
         {{- if $extra }}
         - name: MOSS_VL_EXTRA_ARGS
           value: {{ $extra | quote }}

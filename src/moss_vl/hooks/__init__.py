@@ -121,6 +121,21 @@ patch_decode_cuda_graph_runner:
         admits batches that are uniformly text-only or uniformly with images and
         still refuses mixed ones; this hook admits those too.
 
+patch_moss_vl_processor:
+``sglang.srt.multimodal.processors.moss_vl.MossVLImageProcessor._normalize_single_video_input`` (around)
+    Why: a ``video_url`` that cannot be fetched (refused, 404, timeout) raises a
+        ``requests`` error, which SGLang's OpenAI layer answers with 500 "Internal
+        server error"; a bad data URI's ValueError does not name the input.
+    How: client-input failures of that step become a ValueError naming the video
+        (URL, or media type and length of a data URI) and the reason: HTTP 400.
+    Removal: when upstream's processor maps fetch failures to client errors.
+``...MossVLImageProcessor._normalize_video_inputs_async`` (replace; 0.5.17 only)
+    Why: 0.5.17 gathers the videos of a request without ``return_exceptions``: when
+        one fails, the temporary files already written for the others stay on disk.
+    How: 0.5.23's behaviour: wait for all, remove what was written, raise the first error.
+    Removal: with 0.5.17 support (0.5.23 fixed it upstream).
+    Upstream: no issue or PR found.
+
 Outside HookRegistry: ``plugin.register`` wraps ``HookRegistry.apply_hooks``
 itself so that, in every process, the chosen hooks are checked to wrap their
 targets right after SGLang applied them (apply_hooks only logs a failure).
@@ -156,6 +171,7 @@ HOOK_MODULES = (
     "moss_vl.hooks.patch_flashinfer_backend",
     "moss_vl.hooks.patch_key_redaction",
     "moss_vl.hooks.patch_decode_cuda_graph_runner",
+    "moss_vl.hooks.patch_moss_vl_processor",
 )
 
 KINDS = ("before", "after", "around", "replace")  # sglang HookType values

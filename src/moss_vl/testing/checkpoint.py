@@ -98,6 +98,10 @@ TINY_VISION = {
 }
 # Pixel bounds that keep encoder sequences short: 64..1024 patches per image.
 TINY_IMAGE_PROCESSOR = {"min_pixels": 64 * 16 * 16, "max_pixels": 1024 * 16 * 16}
+# MOSS-VL's published video settings (processing_moss_vl.VIDEO_DEFAULTS) with a frame
+# budget that keeps a tiny server's encoder sequences short.
+TINY_VIDEO_PROCESSOR = {"video_fps": 1.0, "min_frames": 1, "max_frames": 32,
+                        "video_max_pixels": 32 * 256 * 16 * 16}
 
 # MOSS-VL-Instruct-0708's published architecture (REFERENCE.md): 11.34 B parameters,
 # ~21 GiB in bf16. Random weights of these shapes cost a GPU what trained ones do.
@@ -339,7 +343,8 @@ def _split_overrides(overrides: dict):
             f"unknown override(s) {sorted(unknown)}: expected text_config=, vision_config=, "
             f"image_processor= or one of {sorted(_TOP_LEVEL_KEYS)}"
         )
-    image_processor = {**TINY_IMAGE_PROCESSOR, **(overrides.pop("image_processor", None) or {})}
+    image_processor = {**TINY_IMAGE_PROCESSOR, **TINY_VIDEO_PROCESSOR,
+                       **(overrides.pop("image_processor", None) or {})}
     return overrides, image_processor
 
 

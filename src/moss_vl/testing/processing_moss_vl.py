@@ -23,14 +23,26 @@ What the processor produces is what SGLang's MOSS-VL multimodal processor
   it into `visible_frame_counts` per text token.
 - `media_nums_per_sample`: how many media each prompt carries (a plain list).
 
-Videos are not supported by this processor: the tiny checkpoints it serves test the
-image path, and a multi-image prompt has the same encoder layout as a video (one
-frame marker and one separator per frame).
+Videos (`videos=`, one per `<|video|>` placeholder; SGLang hands over file paths or
+`{"video_path": ...}` dicts) are laid out as MOSS-VL's published processor lays them
+out: frames sampled at `video_fps` (at least `min_frames`, at most `max_frames`,
+spread evenly over the video when the cap binds), each frame entering the prompt as
+`<|time_start|>X.X seconds<|time_end|>` followed by its `<|image_pad|>` marker, the
+whole video wrapped in `<|vision_start|>` ... `<|vision_end|>`. Every frame is its own
+row of `grid_thw` ([1, h, w]) and its own medium in `media_nums_per_sample`, so a frame
+becomes visible to the text from its marker on, exactly as an image does. Frames
+share `video_max_pixels` (each gets at most that divided by the frame count, and at
+most `max_pixels`). Containers are decoded with PyAV (FFmpeg); a video that is not
+one of the accepted codecs, has no frames, cannot be parsed, or is over
+`max_video_bytes` / `max_duration_seconds` is refused with a ValueError naming the
+video and the reason (SGLang answers a ValueError from the processor with HTTP 400).
 """
 
 from __future__ import annotations
 
 import math
+import os
+import re
 from typing import ClassVar
 
 import numpy as np
@@ -41,6 +53,7 @@ from transformers import BaseImageProcessor, BatchFeature, ProcessorMixin
 IMAGE_PLACEHOLDER = "<|image|>"
 VIDEO_PLACEHOLDER = "<|video|>"
 IMAGE_PAD = "<|image_pad|>"
+_PLACEHOLDER = re.compile(f"{re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)}")
 
 
 def smart_resize(height, width, factor, min_pixels, max_pixels):
@@ -110,6 +123,174 @@ def _flatten_images(images):
     return [images]
 
 
+# ---- video ---------------------------------------------------------------------
+
+# The defaults of MOSS-VL's published video settings (1 frame per second, up to
+# 256 frames, 192 Mi pixels over all frames of one video).
+VIDEO_DEFAULTS = {
+    "video_fps": 1.0,
+    "min_frames": 1,
+    "max_frames": 256,
+    "video_max_pixels": 201326592,
+    # Refusals, not sampling: 0 switches a limit off.
+    "max_duration_seconds": 0.0,
+    "max_video_bytes": 0,
+}
+# Codecs a MOSS-VL deployment is expected to see from clients; anything else
+# (raw, lossless, image codecs in a video container) is refused by name.
+VIDEO_CODECS = ("h264", "hevc", "vp8", "vp9", "av1", "mpeg4")
+TIME_START, TIME_END = "<|time_start|>", "<|time_end|>"
+VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
+
+
+def video_settings(**overrides):
+    """VIDEO_DEFAULTS updated by the given keys; unknown keys and bad values raise."""
+    unknown = sorted(set(overrides) - set(VIDEO_DEFAULTS))
+    if unknown:
+        raise TypeError(f"unknown video setting(s) {unknown}: expected {sorted(VIDEO_DEFAULTS)}")
+    settings = dict(VIDEO_DEFAULTS)
+    for key, value in overrides.items():
+        if value is not None:
+            settings[key] = type(VIDEO_DEFAULTS[key])(value)
+    if not settings["video_fps"] > 0:
+        raise ValueError(f"video_fps={settings['video_fps']} must be > 0")
+    if not 1 <= settings["min_frames"] <= settings["max_frames"]:
+        raise ValueError(
+            f"need 1 <= min_frames ({settings['min_frames']}) <= max_frames ({settings['max_frames']})"
+        )
+    return settings
+
+
+def sample_times(duration, settings):
+    """Seconds at which to take frames: one every 1/fps, bounded by min/max_frames.
+
+    When the cap binds the frames are spread evenly over the whole video, so a long
+    video is covered end to end rather than cut after max_frames / fps seconds.
+    """
+    fps = settings["video_fps"]
+    count = int(math.floor(duration * fps + 1e-6)) or 1
+    count = max(settings["min_frames"], min(settings["max_frames"], count))
+    if count == 1:
+        return [0.0]
+    natural = int(math.floor(duration * fps + 1e-6))
+    # One frame per 1/fps, unless max_frames (or min_frames) overrides the count:
+    # then the count is spread over the whole duration.
+    step = 1.0 / fps if count == natural else duration / count
+    return [i * step for i in range(count)]
+
+
+def _video_name(video, index):
+    # Only the position: SGLang hands over its own temporary file, whose name
+    # means nothing to the client.
+    return f"video {index} of the request"
+
+
+def decode_video(video, index, settings):
+    """Sampled frames of one video: (list of (3, H, W) uint8 tensors, their times in s)."""
+    import av  # PyAV; only needed when a request carries a video
+
+    name = _video_name(video, index)
+    if isinstance(video, dict):
+        if "video_path" not in video:
+            raise ValueError(f"{name}: a video dict needs 'video_path'")
+        video = video["video_path"]
+    if isinstance(video, bytes):
+        import io
+
+        size, source = len(video), io.BytesIO(video)
+    elif isinstance(video, str):
+        if not os.path.isfile(video):
+            raise ValueError(f"{name}: no such file")
+        size, source = os.path.getsize(video), video
+    else:
+        raise TypeError(f"{name}: expected a path, a dict with 'video_path' or bytes, "
+                        f"got {type(video).__name__}")
+    if settings["max_video_bytes"] and size > settings["max_video_bytes"]:
+        raise ValueError(f"{name}: {size} bytes is over the limit of "
+                         f"{settings['max_video_bytes']} bytes (max_video_bytes)")
+    if size == 0:
+        raise ValueError(f"{name}: the file is empty")
+    try:
+        container = av.open(source, mode="r")
+    except (av.FFmpegError, OSError, ValueError) as err:
+        raise ValueError(f"{name}: not a readable video container ({_reason(err)})") from None
+    with container:
+        if not container.streams.video:
+            raise ValueError(f"{name}: the container holds no video frames (no video stream)")
+        stream = container.streams.video[0]
+        codec = stream.codec_context.name
+        if codec not in VIDEO_CODECS:
+            raise ValueError(f"{name}: codec {codec!r} is not supported "
+                             f"(supported: {', '.join(VIDEO_CODECS)})")
+        duration = _duration(container, stream)
+        limit = settings["max_duration_seconds"]
+        if limit and duration is not None and duration > limit:
+            raise ValueError(f"{name}: {duration:.1f} s is over the limit of {limit:g} s "
+                             "(max_duration_seconds)")
+        stream.thread_type = "AUTO"
+        frames, times = _sample(container, stream, duration, settings, name)
+    if limit and times and times[-1] > limit:
+        raise ValueError(f"{name}: frames run past {limit:g} s (max_duration_seconds)")
+    return frames, times
+
+
+def _reason(err):
+    # FFmpeg's own words without the file name (a temporary path of SGLang's).
+    return getattr(err, "strerror", None) or type(err).__name__
+
+
+def _duration(container, stream):
+    if stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    if container.duration is not None:
+        return container.duration / 1_000_000  # av.time_base: microseconds
+    return None
+
+
+def _sample(container, stream, duration, settings, name):
+    import av
+
+    start = float(stream.start_time * stream.time_base) if stream.start_time is not None else 0.0
+    decoded = []  # (seconds, frame) for every frame when the duration is unknown
+    targets = sample_times(duration, settings) if duration else None
+    frames, times = [], []
+    try:
+        for frame in container.decode(stream):
+            if frame.pts is None or frame.time_base is None:
+                continue
+            t = max(0.0, float(frame.pts * frame.time_base) - start)
+            if targets is None:
+                decoded.append((t, frame.to_ndarray(format="rgb24")))
+                continue
+            # The first frame at or after each target time (frames come in order).
+            while len(times) < len(targets) and t + 1e-6 >= targets[len(times)]:
+                if times and times[-1] == t:
+                    break
+                frames.append(frame.to_ndarray(format="rgb24"))
+                times.append(t)
+            if len(times) == len(targets):
+                break
+    except (av.FFmpegError, ValueError) as err:
+        raise ValueError(f"{name}: the video data is corrupt ({_reason(err)})") from None
+    if targets is None:
+        if decoded:
+            last = decoded[-1][0]
+            wanted = sample_times(last if last > 0 else 0.0, settings)
+            for target in wanted:
+                t, array = next(((t, a) for t, a in decoded if t + 1e-6 >= target), decoded[-1])
+                if not times or times[-1] != t:
+                    frames.append(array)
+                    times.append(t)
+    if not frames:
+        raise ValueError(f"{name}: the video has no decodable frames")
+    return [torch.from_numpy(f).permute(2, 0, 1) for f in frames], times
+
+
+def frame_text(seconds):
+    """How MOSS-VL writes one frame's timestamp: one decimal, then ' seconds'."""
+    return f"{TIME_START}{seconds:.1f} seconds{TIME_END}"
+
+
 class MossVLImageProcessor(BaseImageProcessor):
     """Resize to patch * merge multiples, normalise, cut into merge-grouped patches."""
 
@@ -129,6 +310,10 @@ class MossVLImageProcessor(BaseImageProcessor):
     ):
         # Qwen2-VL configs spell the pixel bounds as size = {shortest_edge, longest_edge}.
         size = kwargs.pop("size", None) or {}
+        # Video sampling settings live next to the pixel bounds in
+        # preprocessor_config.json, as in MOSS-VL's published checkpoints.
+        self.video_settings = video_settings(
+            **{key: kwargs.pop(key) for key in list(kwargs) if key in VIDEO_DEFAULTS})
         min_pixels = size.get("shortest_edge", min_pixels)
         max_pixels = size.get("longest_edge", max_pixels)
         super().__init__(**kwargs)
@@ -237,19 +422,22 @@ class MossVLProcessor(ProcessorMixin):
             raise ValueError(f"the tokenizer has no {IMAGE_PAD} token")
 
     def __call__(self, text=None, images=None, videos=None, **kwargs):
-        if videos is not None:
-            raise ValueError("MossVLProcessor (tiny test checkpoint) supports images only, got videos")
         if text is None:
-            raise ValueError("MossVLProcessor needs `text`: the prompt with <|image|> placeholders")
+            raise ValueError("MossVLProcessor needs `text`: the prompt with <|image|> / "
+                             "<|video|> placeholders")
         texts = [text] if isinstance(text, str) else list(text)
         if not all(isinstance(t, str) for t in texts):
             raise TypeError("MossVLProcessor `text` must be a string or a list of strings")
 
         return_tensors = kwargs.pop("return_tensors", None)
         images_kwargs = dict(kwargs.pop("images_kwargs", None) or {})
+        videos_kwargs = dict(kwargs.pop("videos_kwargs", None) or {})
         for key in ("device", "min_pixels", "max_pixels", "size"):
             if key in kwargs:
                 images_kwargs[key] = kwargs.pop(key)
+        for key in VIDEO_DEFAULTS:
+            if key in kwargs:
+                videos_kwargs[key] = kwargs.pop(key)
         text_kwargs = dict(kwargs.pop("text_kwargs", None) or {})
         for key in self._TEXT_KWARGS:
             if key in kwargs:
@@ -260,44 +448,62 @@ class MossVLProcessor(ProcessorMixin):
             raise TypeError(f"MossVLProcessor got unexpected keyword(s): {sorted(kwargs)}")
 
         image_list = _flatten_images(images)
-        placeholders = [t.count(IMAGE_PLACEHOLDER) for t in texts]
-        if sum(placeholders) != len(image_list):
+        video_list = [] if videos is None else (
+            list(videos) if isinstance(videos, (list, tuple)) else [videos])
+        image_slots = sum(t.count(IMAGE_PLACEHOLDER) for t in texts)
+        video_slots = sum(t.count(VIDEO_PLACEHOLDER) for t in texts)
+        if image_slots != len(image_list):
             raise ValueError(
-                f"the prompt has {sum(placeholders)} {IMAGE_PLACEHOLDER} placeholder(s) "
+                f"the prompt has {image_slots} {IMAGE_PLACEHOLDER} placeholder(s) "
                 f"but {len(image_list)} image(s) were given"
             )
+        if video_slots != len(video_list):
+            raise ValueError(
+                f"the prompt has {video_slots} {VIDEO_PLACEHOLDER} placeholder(s) "
+                f"but {len(video_list)} video(s) were given"
+            )
+
+        # Media in prompt order: an image is one frame, a video one frame per sample.
+        device = images_kwargs.pop("device", None)
+        videos_kwargs.pop("device", None)
+        settings = video_settings(**{**self.image_processor.video_settings, **videos_kwargs})
+        pixel_values, grids, layouts, media_nums_per_sample = [], [], [], []
+        images_left, videos_left = iter(image_list), iter(enumerate(video_list))
         for t in texts:
-            if VIDEO_PLACEHOLDER in t:
-                raise ValueError(
-                    f"the prompt contains {VIDEO_PLACEHOLDER}: this processor supports images only"
-                )
+            count = 0
+            for placeholder in _PLACEHOLDER.findall(t):
+                if placeholder == IMAGE_PLACEHOLDER:
+                    vision = self.image_processor([next(images_left)], device=device,
+                                                  **images_kwargs)
+                    layouts.append(IMAGE_PAD)
+                    count += 1
+                else:
+                    index, video = next(videos_left)
+                    vision, times = self._video(video, index, settings, images_kwargs)
+                    layouts.append(VISION_START + "".join(
+                        frame_text(s) + IMAGE_PAD for s in times) + VISION_END)
+                    count += len(times)
+                pixel_values.append(vision["pixel_values"])
+                grids.append(torch.as_tensor(vision["image_grid_thw"], dtype=torch.long))
+            media_nums_per_sample.append(count)
 
         output = {}
         frames = []
-        if image_list:
-            vision = self.image_processor(image_list, **images_kwargs)
-            output["pixel_values"] = vision["pixel_values"]
-            grid_thw = torch.as_tensor(vision["image_grid_thw"], dtype=torch.long)
+        if grids:
+            output["pixel_values"] = torch.cat(pixel_values, dim=0)
+            grid_thw = torch.cat(grids, dim=0)
             output["grid_thw"] = grid_thw
             frames = [int(t) for t in grid_thw[:, 0]]
 
-        # One frame marker per frame, in placeholder order.
-        expanded, cursor = [], 0
-        for t in texts:
-            pieces = t.split(IMAGE_PLACEHOLDER)
-            out = pieces[0]
-            for piece in pieces[1:]:
-                out += IMAGE_PAD * frames[cursor] + piece
-                cursor += 1
-            expanded.append(out)
+        layouts = iter(layouts)
+        expanded = [_PLACEHOLDER.sub(lambda _match: next(layouts), t) for t in texts]
 
         text_kwargs.setdefault("return_attention_mask", True)
         encoded = self.tokenizer(expanded, **text_kwargs)
         output["input_ids"] = encoded["input_ids"]
         output["attention_mask"] = encoded["attention_mask"]
 
-        media_nums_per_sample = placeholders
-        if image_list:
+        if grids:
             output["cross_attention_mask"] = self._cross_attention_mask(
                 encoded["input_ids"], encoded["attention_mask"], frames, media_nums_per_sample
             )
@@ -305,6 +511,16 @@ class MossVLProcessor(ProcessorMixin):
         # A plain list, as SGLang reads it (BatchFeature would turn it into a tensor).
         batch["media_nums_per_sample"] = media_nums_per_sample
         return batch
+
+    def _video(self, video, index, settings, images_kwargs):
+        """One video's pixel rows and per-frame grids, and its frame times in seconds."""
+        frames, times = decode_video(video, index, settings)
+        ip = self.image_processor
+        min_pixels = int(images_kwargs.get("min_pixels") or ip.min_pixels)
+        max_pixels = int(images_kwargs.get("max_pixels") or ip.max_pixels)
+        per_frame = max(min_pixels, min(max_pixels, settings["video_max_pixels"] // len(frames)))
+        vision = ip(frames, min_pixels=min_pixels, max_pixels=per_frame)
+        return vision, times
 
     def _cross_attention_mask(self, input_ids, attention_mask, frames, media_nums_per_sample):
         """(batch, 1, text_len, max_frames) bool, True where text may NOT see the frame."""

@@ -18,6 +18,10 @@ the load test's own.
   plugin-log   the plugin's log line in the server log (hooks registered, or left out)
   chat         chat completions: one image, two images, two turns; plain and streamed;
                the same image twice; malformed images get a 4xx; /health stays 200
+  video        video chats: MP4 and WebM, plain and streamed, two videos in one message,
+               a video then an image in the next turn, an 8.6 MiB video; bad videos
+               (corrupt, zero frames, FFV1, bad base64, dead URL, over the limits) get
+               a 4xx; /health stays 200
   warmup       one request of the load test's video scenario (kernels compile here,
                not inside a measured load)
   metrics      /metrics: moss_vl:* next to sglang:*, by the expected plugin state
@@ -387,7 +391,8 @@ def cmd_chat(args, results: Results) -> int:
         return EXIT_ERROR
     results.put("chat_meta", "model", model)
     payloads = chat.load_payloads(args.payloads)
-    stills = [p for n, p in payloads.items() if not n.startswith("frame-")]
+    stills = [p for n, p in payloads.items()
+              if not n.startswith("frame-") and p.media_type.startswith("image/")]
     by_name = dict(payloads)
     first = by_name.get(args.image_a) or stills[0]
     second = by_name.get(args.image_b) or stills[-1]
@@ -436,6 +441,98 @@ def cmd_chat(args, results: Results) -> int:
     # And still serves: one more good request after the bad ones.
     one_request(server, results, "one image after the malformed requests, plain",
                 body(one, False), timeout)
+    return results.exit_code()
+
+
+VIDEOS = Path(__file__).resolve().with_name("videos")
+# An MP4 signature followed by bytes that are no MP4 boxes.
+CORRUPT_MP4 = b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 8
+
+
+def video_data_uri(data: bytes, media_type: str) -> str:
+    import base64
+
+    return f"data:{media_type};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def video_bodies(model: str, payloads: dict, max_tokens: int, limits: dict) -> list[tuple]:
+    """(name, body, expect, required) of every video check, in the order they are sent.
+
+    Good requests use the load test's video payloads (H.264/MP4 and VP9/WebM); bad ones
+    the small files in tests/gpu/e2e/videos/ and a corrupt MP4 made here. The over-limit
+    cases need the server started with the matching `--mm-process-config` video limits
+    (`limits`: max_duration_seconds, max_video_bytes); without them they are skipped.
+    """
+    videos = {n: p for n, p in payloads.items() if p.media_type.startswith("video/")}
+    small = next(p for n, p in sorted(videos.items()) if n.startswith("video-small"))
+    medium = next(p for n, p in sorted(videos.items()) if n.startswith("video-medium"))
+    large = next(p for n, p in sorted(videos.items()) if n.startswith("video-large"))
+    image = payloads.get("img-medium-336x336.png") or next(
+        p for p in payloads.values() if p.media_type.startswith("image/"))
+
+    def body(messages, stream):
+        return chat.chat_body(model, messages, max_tokens, stream)
+
+    def bad(name, url):
+        msg = {"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
+                                           chat.text_part("What happens in this video?")]}
+        return (f"bad video: {name} gets a 4xx", body([msg], False), "4xx", True)
+
+    out = []
+    for stream in (False, True):
+        kind = "streamed" if stream else "plain"
+        out.append((f"one video (H.264/MP4), {kind}",
+                    body([chat.video_message(small, chat.VIDEO_URL_QUESTION)], stream),
+                    "tokens", True))
+        out.append((f"one video (VP9/WebM), {kind}",
+                    body([chat.video_message(medium, chat.VIDEO_URL_QUESTION)], stream),
+                    "tokens", True))
+        two = {"role": "user", "content": [chat.video_part(small), chat.video_part(medium),
+                                           chat.text_part("Compare these two videos.")]}
+        out.append((f"two videos in one message, {kind}", body([two], stream), "tokens", True))
+        turn1 = chat.video_message(small, "What happens in this video?")
+        turn2 = chat.user_message([image], "And in this picture, compared with the video?")
+        out.append((f"video, then an image in the next turn, {kind}",
+                    body([turn1, {"role": "assistant", "content": "A block moves across."},
+                          turn2], stream), "tokens", True))
+    out.append((f"large video ({large.size_bytes} bytes, base64 in the body), plain",
+                body([chat.video_message(large, chat.VIDEO_URL_QUESTION)], False), "tokens", True))
+    out.append(bad("corrupt container", video_data_uri(CORRUPT_MP4, "video/mp4")))
+    out.append(bad("zero frames", video_data_uri((VIDEOS / "empty.mp4").read_bytes(), "video/mp4")))
+    out.append(bad("unsupported codec (FFV1)",
+                   video_data_uri((VIDEOS / "lossless-ffv1.mkv").read_bytes(), "video/x-matroska")))
+    out.append(bad("malformed base64", "data:video/mp4;base64,@@not-base64@@"))
+    out.append(bad("URL that does not answer", "http://127.0.0.1:9/gone.mp4"))
+    if limits.get("max_duration_seconds"):
+        out.append(bad(f"over max_duration_seconds={limits['max_duration_seconds']}",
+                       video_data_uri((VIDEOS / "long-40s.mp4").read_bytes(), "video/mp4")))
+    if limits.get("max_video_bytes") and large.size_bytes > limits["max_video_bytes"]:
+        out.append(bad(f"over max_video_bytes={limits['max_video_bytes']}", large.data_uri))
+    return out
+
+
+def cmd_video(args, results: Results) -> int:
+    server = Server(args.url, timeout=args.request_timeout)
+    try:
+        model = model_id(server, args.model)
+    except (OSError, http.client.HTTPException, SystemExit) as err:
+        results.check("video", "GET /v1/models", False, str(err))
+        return EXIT_ERROR
+    limits = {"max_duration_seconds": args.max_duration_seconds,
+              "max_video_bytes": args.max_video_bytes}
+    payloads = chat.load_payloads(args.payloads)
+    for name, body, expect, required in video_bodies(model, payloads, args.max_tokens, limits):
+        one_request(server, results, name, body, args.request_timeout, expect, required)
+    try:
+        status, _ = server.get("/health", timeout=120)
+    except (OSError, http.client.HTTPException) as err:
+        status = f"{type(err).__name__}: {err}"
+    results.check("video", "/health answers 200 after the bad videos", status == 200,
+                  f"HTTP {status}")
+    good = chat.video_message(next(p for n, p in sorted(payloads.items())
+                                   if n.startswith("video-small")), chat.VIDEO_URL_QUESTION)
+    one_request(server, results, "one video after the bad ones, plain",
+                chat.chat_body(model, [good], args.max_tokens, False), args.request_timeout)
     return results.exit_code()
 
 
@@ -763,7 +860,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expect", choices=("loaded", "off"), default="loaded")
     p.add_argument("--sglang-version", default="")
 
-    for name in ("chat", "warmup"):
+    for name in ("chat", "warmup", "video"):
         p = add(name)
         p.add_argument("--url", default=DEFAULT_URL)
         p.add_argument("--model", default="", help="default: the first id of /v1/models")
@@ -773,6 +870,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.choices["chat"].add_argument("--image-a", default="img-medium-336x336.png")
     sub.choices["chat"].add_argument("--image-b", default="img-large-640x480.png")
     sub.choices["warmup"].add_argument("--frames", type=int, default=16)
+    sub.choices["video"].add_argument(
+        "--max-duration-seconds", type=float, default=0.0,
+        help="the server's video max_duration_seconds (0: skip that check)")
+    sub.choices["video"].add_argument(
+        "--max-video-bytes", type=int, default=0,
+        help="the server's video max_video_bytes (0: skip that check)")
 
     p = add("metrics")
     p.add_argument("--url", default=DEFAULT_URL)
@@ -800,7 +903,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 COMMANDS = {
     "env": cmd_env, "health": cmd_health, "dry-run": cmd_dry_run, "plugin-log": cmd_plugin_log,
-    "chat": cmd_chat, "warmup": cmd_warmup, "metrics": cmd_metrics, "locust": cmd_locust,
+    "chat": cmd_chat, "warmup": cmd_warmup, "video": cmd_video, "metrics": cmd_metrics, "locust": cmd_locust,
     "ab-report": cmd_ab_report, "note": cmd_note, "summary": cmd_summary,
 }
 

@@ -534,6 +534,12 @@ class MossVLUser(FastHttpUser):
             history.append({"role": "assistant", "content": answer})
 
     def video(self) -> None:
+        # A real video file (video_url) when the payloads hold some; else the
+        # bundled clip's frames as images (the chart's small ConfigMap has no videos).
+        if self.images.videos:
+            clip = self.rnd.choice(self.images.videos)
+            self.complete("video", self._system() + [chat.video_message(clip, chat.VIDEO_URL_QUESTION)])
+            return
         frames = self.images.video(self.settings.video_frames)
         question = chat.VIDEO_QUESTION.format(n=len(frames))
         self.complete("video", self._system() + [chat.user_message(frames, question)])

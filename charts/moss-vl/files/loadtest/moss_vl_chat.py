@@ -69,6 +69,7 @@ FOLLOW_UP_QUESTIONS = (
     "One more image: what changed compared with the first image?",
 )
 VIDEO_QUESTION = "These are {n} frames of a short video, in order. What happens in it?"
+VIDEO_URL_QUESTION = "What happens in this video, and when?"
 TEXT_QUESTIONS = (
     "Explain what a cross-attention layer does in a vision-language model.",
     "Write a short poem about a red ball flying over a green field.",
@@ -244,12 +245,19 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 JPEG_MAGIC = b"\xff\xd8\xff"
 
 
+WEBM_MAGIC = b"\x1a\x45\xdf\xa3"  # EBML, the Matroska/WebM header
+
+
 def media_type_of(data: bytes) -> str | None:
-    """The image media type from the file's magic bytes (not its name)."""
+    """The image or video media type from the file's magic bytes (not its name)."""
     if data.startswith(PNG_MAGIC):
         return "image/png"
     if data.startswith(JPEG_MAGIC):
         return "image/jpeg"
+    if data[4:8] == b"ftyp":
+        return "video/mp4"
+    if data.startswith(WEBM_MAGIC):
+        return "video/webm"
     return None
 
 
@@ -262,7 +270,7 @@ class Payload:
 
 
 def load_payloads(directory: str | os.PathLike) -> dict[str, Payload]:
-    """Every PNG and JPEG in `directory`, as data URIs, keyed by file name."""
+    """Every PNG, JPEG, MP4 and WebM in `directory`, as data URIs, keyed by file name."""
     root = Path(directory)
     if not root.is_dir():
         raise SettingsError(f"{_label('payloads')}={str(directory)!r}: not a directory")
@@ -286,11 +294,12 @@ def load_payloads(directory: str | os.PathLike) -> dict[str, Payload]:
 
 @dataclass(frozen=True)
 class ImagePool:
-    """Still images weighted by the image mix, and the video frames in order."""
+    """Still images weighted by the image mix, the video frames in order, the videos."""
 
     stills: tuple[Payload, ...]
     weights: tuple[int, ...]
     frames: tuple[Payload, ...]
+    videos: tuple[Payload, ...] = ()
 
     def pick(
         self, rnd: random.Random, k: int, exclude: frozenset[str] = frozenset()
@@ -319,7 +328,7 @@ def build_image_pool(
     stills, weights = [], []
     matched = dict.fromkeys(image_mix, 0)
     for name, payload in payloads.items():
-        if name.startswith("frame-"):
+        if name.startswith("frame-") or payload.media_type.startswith("video/"):
             continue
         for pattern, weight in image_mix.items():
             if fnmatch.fnmatchcase(name, pattern):
@@ -332,7 +341,8 @@ def build_image_pool(
     if unmatched:
         raise SettingsError(
             f"{_label('image_mix')}: pattern(s) {', '.join(map(repr, unmatched))} match no "
-            f"image in {directory} (images: {', '.join(n for n in payloads if not n.startswith('frame-'))})"
+            f"image in {directory} (images: "
+            f"{', '.join(n for n, p in payloads.items() if _is_still(n, p))})"
         )
     if not stills:
         raise SettingsError(f"{_label('image_mix')}: selects no image from {directory}")
@@ -340,7 +350,12 @@ def build_image_pool(
     if not frames:
         # Without a bundled clip the video scenario reuses the stills as frames.
         frames = tuple(stills)
-    return ImagePool(tuple(stills), tuple(weights), frames)
+    videos = tuple(p for p in payloads.values() if p.media_type.startswith("video/"))
+    return ImagePool(tuple(stills), tuple(weights), frames, videos)
+
+
+def _is_still(name: str, payload: Payload) -> bool:
+    return not name.startswith("frame-") and payload.media_type.startswith("image/")
 
 
 # ---- request bodies -----------------------------------------------------------
@@ -348,6 +363,14 @@ def build_image_pool(
 
 def image_part(payload: Payload) -> dict:
     return {"type": "image_url", "image_url": {"url": payload.data_uri}}
+
+
+def video_part(payload: Payload) -> dict:
+    return {"type": "video_url", "video_url": {"url": payload.data_uri}}
+
+
+def video_message(video: Payload, question: str) -> dict:
+    return {"role": "user", "content": [video_part(video), text_part(question)]}
 
 
 def text_part(text: str) -> dict:

@@ -1,0 +1,90 @@
+"""The H200 lane's video client (tests/gpu/e2e/e2e_checks.py `video`), checked on the CPU.
+
+Contract: the requests `e2e_checks.py video` sends are what its check names say: the
+good ones carry real MP4/WebM payloads as `video_url` data URIs (plain and streamed,
+two videos in one message, a video then an image in the next turn, the >= 8 MiB one)
+that the tiny checkpoint's processor decodes; every "bad video" one is refused by that
+processor (or carries no video at all: bad base64, a dead URL) with a ValueError, which
+SGLang answers with 400; the over-limit cases appear only when the server's limits are
+given. The server-side run is the lead's (tests/gpu/e2e/README.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def e2e():
+    path = REPO / "tests" / "gpu" / "e2e" / "e2e_checks.py"
+    spec = importlib.util.spec_from_file_location("e2e_checks_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def video_parts(body):
+    return [part["video_url"]["url"] for m in body["messages"] if isinstance(m["content"], list)
+            for part in m["content"] if part["type"] == "video_url"]
+
+
+def test_video_bodies(e2e, tmp_path):
+    from moss_vl.testing import processing_moss_vl as pm
+
+    payloads = e2e.chat.load_payloads(REPO / "loadtest" / "payloads")
+    limits = {"max_duration_seconds": 30.0, "max_video_bytes": 8 * 1024 * 1024}
+    bodies = e2e.video_bodies("moss-vl", payloads, 16, limits)
+    names = [name for name, *_ in bodies]
+    assert len(names) == len(set(names))
+    settings = pm.video_settings(**limits)
+    good = [b for b in bodies if b[2] == "tokens"]
+    bad = [b for b in bodies if b[2] == "4xx"]
+    assert {b[1]["stream"] for b in good} == {False, True}
+    assert any(len(video_parts(b[1])) == 2 for b in good)
+    assert any(len(b[1]["messages"]) == 3 and b[1]["messages"][1]["role"] == "assistant"
+               for b in good)
+    sizes = []
+    for name, body, _, _ in good:
+        for i, url in enumerate(video_parts(body)):
+            header, data = url.split(",", 1)
+            raw = base64.b64decode(data, validate=True)
+            sizes.append(len(raw))
+            path = tmp_path / f"good-{len(sizes)}"
+            path.write_bytes(raw)
+            if len(raw) > 2 * 1024 * 1024:
+                # The 720p one: decoding it all is slow; test_loadtest_payloads opens it.
+                assert raw[4:8] == b"ftyp", name
+                continue
+            frames, _times = pm.decode_video(str(path), i, pm.video_settings())
+            assert frames, name
+    assert max(sizes) >= 8 * 1024 * 1024
+    assert len(bad) == 7  # five kinds plus the two limits given above
+    for name, body, _, required in bad:
+        assert required and body["stream"] is False
+        (url,) = video_parts(body)
+        if not url.startswith("data:"):
+            assert url.startswith("http://127.0.0.1:9/"), name
+            continue
+        try:
+            raw = base64.b64decode(url.split(",", 1)[1], validate=True)
+        except ValueError:
+            assert "base64" in name
+            continue
+        path = tmp_path / "bad"
+        path.write_bytes(raw)
+        with pytest.raises(ValueError, match="video 0 of the request: "):
+            pm.decode_video(str(path), 0, settings)
+
+
+def test_limit_checks_only_with_limits(e2e):
+    payloads = e2e.chat.load_payloads(REPO / "loadtest" / "payloads")
+    names = [name for name, *_ in e2e.video_bodies("m", payloads, 8, {})]
+    assert not any("max_duration_seconds" in n or "max_video_bytes" in n for n in names)
