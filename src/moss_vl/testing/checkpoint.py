@@ -26,7 +26,7 @@ import torch
 from moss_vl.testing import configuration_moss_vl, processing_moss_vl
 
 HERE = Path(__file__).resolve().parent
-REMOTE_CODE_FILES = ("configuration_moss_vl.py", "processing_moss_vl.py")
+REMOTE_CODE_FILES = ("configuration_moss_vl.py", "processing_moss_vl.py", "modeling_moss_vl.py")
 
 # Qwen2-VL's special-token block, which MOSS-VL keeps (image 151655, video 151656,
 # vision_start 151652, vision_end 151653), then MOSS-VL's video timestamp markers.
@@ -129,6 +129,9 @@ def config_dict(config: configuration_moss_vl.MossVLConfig) -> dict:
             "AutoConfig": "configuration_moss_vl.MossVLConfig",
             "AutoProcessor": "processing_moss_vl.MossVLProcessor",
             "AutoImageProcessor": "processing_moss_vl.MossVLImageProcessor",
+            "AutoModel": "modeling_moss_vl.MossVLForConditionalGeneration",
+            "AutoModelForCausalLM": "modeling_moss_vl.MossVLForConditionalGeneration",
+            "AutoModelForImageTextToText": "modeling_moss_vl.MossVLForConditionalGeneration",
         },
         "text_config": {
             "model_type": "moss_vl_text",
@@ -230,8 +233,13 @@ def checkpoint_shapes(config: configuration_moss_vl.MossVLConfig) -> dict[str, t
     return shapes
 
 
-def random_weights(config, seed: int = 0) -> dict[str, torch.Tensor]:
-    """bf16 tensors for `checkpoint_shapes(config)`: N(0, 0.02) matrices, unit norms, zero biases."""
+def random_weights(config, seed: int = 0, lm_head_scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """bf16 tensors for `checkpoint_shapes(config)`: N(0, 0.02) matrices, unit norms, zero biases.
+
+    `lm_head_scale` multiplies the LM head: random weights give nearly uniform next-token
+    distributions whose near-ties flip under bf16 rounding, so greedy paths of two correct
+    implementations diverge; a scaled head (e.g. 50) makes the distributions peaked.
+    """
     generator = torch.Generator().manual_seed(seed)
     tensors = {}
     for name, shape in checkpoint_shapes(config).items():
@@ -245,6 +253,8 @@ def random_weights(config, seed: int = 0) -> dict[str, torch.Tensor]:
             value = torch.zeros(shape)
         else:
             value = torch.randn(shape, generator=generator) * 0.02
+            if name == "lm_head.weight":
+                value = value * float(lm_head_scale)
         tensors[name] = value.to(torch.bfloat16).contiguous()
     return tensors
 
@@ -374,7 +384,8 @@ def write_config_only(path, **overrides) -> Path:
     return path
 
 
-def write_tiny_checkpoint(path, *, seed: int = 0, **overrides) -> Path:
+def write_tiny_checkpoint(path, *, seed: int = 0, lm_head_scale: float = 1.0,
+                          **overrides) -> Path:
     """Write a complete tiny MOSS-VL checkpoint (config, code, tokenizer, random bf16 weights)."""
     from safetensors.torch import save_file
 
@@ -383,7 +394,7 @@ def write_tiny_checkpoint(path, *, seed: int = 0, **overrides) -> Path:
     config_overrides, _ = _split_overrides(overrides)
     config = tiny_config(**config_overrides)
     weights = path / "model.safetensors"
-    save_file(random_weights(config, seed=seed), str(weights), metadata={"format": "pt"})
+    save_file(random_weights(config, seed=seed, lm_head_scale=lm_head_scale), str(weights), metadata={"format": "pt"})
     # safetensors writes 0600; the serving images read the model as another uid.
     weights.chmod(0o644)
     return path
