@@ -171,8 +171,10 @@ class Engine:
             len(new), request_id=request.get("id"), matched_stop=matched,
         )
 
-    def score(self, messages: list, continuation: str = "") -> dict:
+    def score(self, messages: list, continuation: str | list[int] = "") -> dict:
         """Teacher-forced per-position logprobs of the prompt plus a fixed continuation.
+
+        `continuation` is text (tokenised without special tokens) or token ids.
 
         Returns the token ids and, for every position after the first, the logprob of
         that token given everything before it (what SGLang's `/generate` returns as
@@ -182,8 +184,12 @@ class Engine:
 
         inputs = self.prepare(messages)
         if continuation:
-            extra = self.processor.tokenizer(continuation, add_special_tokens=False,
-                                             return_tensors="pt")["input_ids"].to(self.device)
+            if isinstance(continuation, str):
+                extra = self.processor.tokenizer(continuation, add_special_tokens=False,
+                                                 return_tensors="pt")["input_ids"]
+            else:
+                extra = torch.tensor([list(continuation)], dtype=torch.long)
+            extra = extra.to(self.device)
             inputs["input_ids"] = torch.cat([inputs["input_ids"], extra], dim=1)
             inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
             mask = inputs.get("cross_attention_mask")
@@ -354,7 +360,8 @@ def fetch_video(url: str, where: str = "video"):
 
 
 def _eos_ids(model) -> set[int]:
-    eos = model.generation_config.eos_token_id
+    config = getattr(model, "generation_config", None) or model.config
+    eos = getattr(config, "eos_token_id", None)
     return set([eos] if isinstance(eos, int) else (eos or []))
 
 

@@ -38,7 +38,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -187,13 +187,15 @@ class MRoPE(nn.Module):
         theta = float(rope.get("rope_theta", config.rope_theta))
         self.section = list(rope.get("mrope_section") or [config.head_dim // 2, 0, 0])
         self.interleaved = bool(rope.get("mrope_interleaved", False))
-        inv = 1.0 / theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float32)
-                              / config.head_dim)
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self.theta, self.head_dim = theta, config.head_dim
 
     def cos_sin(self, positions: torch.Tensor):
         """positions (3, N) -> cos, sin (N, head_dim / 2) in float32."""
-        freqs = positions.to(self.inv_freq.device, torch.float32)[..., None] * self.inv_freq
+        # Computed here, not kept as a buffer: from_pretrained builds the model on the
+        # meta device and leaves non-persistent buffers uninitialised.
+        inv_freq = 1.0 / self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32,
+                                                     device=positions.device) / self.head_dim)
+        freqs = positions.to(torch.float32)[..., None] * inv_freq
         if self.interleaved:
             # Frequency i takes the temporal axis, except every third from 1 (height)
             # and from 2 (width) within their sections.
@@ -310,9 +312,6 @@ class MossVLVisionModel(nn.Module):
         self.pos_embed = nn.Embedding(config.num_position_embeddings, config.hidden_size)
         self.blocks = nn.ModuleList(MossVLVisionBlock(config) for _ in range(config.depth))
         self.merger = MossVLVisionPatchMerger(config)
-        rotary_dim = config.hidden_size // config.num_heads // 2
-        inv = 1.0 / 10000.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
-        self.register_buffer("rotary_inv_freq", inv, persistent=False)
 
     def _merge_order(self, x, t, h, w):
         """(t*h*w, ...) raster order -> the processor's merge-grouped patch order."""
@@ -343,8 +342,14 @@ class MossVLVisionModel(nn.Module):
             rows = torch.arange(h)[:, None].expand(h, w).reshape(-1, 1)
             cols = torch.arange(w)[None, :].expand(h, w).reshape(-1, 1)
             pos.append(self._merge_order(torch.cat([rows, cols], 1).repeat(t, 1), t, h, w))
-        pos = torch.cat(pos).to(self.rotary_inv_freq.device)
-        freqs = (pos[..., None].float() * self.rotary_inv_freq).flatten(1)
+        device = self.pos_embed.weight.device
+        pos = torch.cat(pos).to(device)
+        # Per-axis frequencies over a quarter of the head (Qwen2-VL's vision rotary,
+        # theta 10000); not a buffer, for the reason given in MRoPE.cos_sin.
+        rotary_dim = self.config.hidden_size // self.config.num_heads // 2
+        inv_freq = 1.0 / 10000.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32,
+                                                  device=device) / rotary_dim)
+        freqs = (pos[..., None].float() * inv_freq).flatten(1)
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos(), emb.sin()
 
@@ -538,8 +543,12 @@ class MossVLModel(nn.Module):
         self.separator_token = nn.Parameter(torch.zeros(config.vision_config.out_hidden_size))
 
 
-class MossVLForConditionalGeneration(MossVLPreTrainedModel):
-    """MOSS-VL: `forward` scores a prompt (or continues one from `past_key_values`)."""
+class MossVLForConditionalGeneration(MossVLPreTrainedModel, GenerationMixin):
+    """MOSS-VL: `forward` scores a prompt (or continues one from `past_key_values`).
+
+    GenerationMixin makes transformers load `generation_config.json` (eos ids, defaults);
+    `generate` itself is this class's own loop (see the module docstring).
+    """
 
     _tied_weights_keys: ClassVar[list] = []
 
@@ -693,7 +702,8 @@ class MossVLForConditionalGeneration(MossVLPreTrainedModel):
         `streamer` (optional) gets `put(token_id_tensor)` per token and `end()`.
         """
         if eos_token_id is None:
-            eos_token_id = self.generation_config.eos_token_id
+            config = getattr(self, "generation_config", None) or self.config
+            eos_token_id = getattr(config, "eos_token_id", None)
         stops = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
         prompt = input_ids.reshape(1, -1)
         cache = MossVLCache()
