@@ -159,3 +159,9 @@ def test_hook_objects():
 
 def test_disabled():
     assert render("helmTest.enabled=false").maybe("Pod", f"{RELEASE}-test-chat") is None
+
+
+def test_passes_against_the_real_model_server(model_server):
+    """The script, byte for byte, against `moss-vl serve --engine transformers`."""
+    proc = run(model_server.url)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
