@@ -99,6 +99,7 @@ deploy: $(HELM_STAMP) ## Install or upgrade the release: make deploy DEVICE=cuda
 	  echo "make deploy: no Kubernetes cluster reachable (kubectl cluster-info failed;" >&2; \
 	  echo "  context: '$$($(KUBECTL) config current-context 2>/dev/null || echo none)')." >&2; \
 	  echo "  Point KUBECONFIG at a cluster with $(DEVICE) nodes and run it again." >&2; \
+	  echo "  No cluster at all? 'make run' serves a tiny MOSS-VL on this machine." >&2; \
 	  exit 1; }
 	# No --wait: a cold start (weights download + kernel JIT) outlasts any sane
 	# timeout; NOTES.txt says how to follow it.
