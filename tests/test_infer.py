@@ -13,7 +13,6 @@ an unavailable device or an attention implementation the device cannot run is re
 from __future__ import annotations
 
 import base64
-import io
 import json
 
 import pytest
