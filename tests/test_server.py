@@ -154,3 +154,18 @@ def test_serve_without_accelerator_picks_transformers(capsys, tiny_checkpoint):
                      "--mem-fraction-static", "0.8"])
     _, err = capsys.readouterr()
     assert code == 2 and "takes no SGLang arguments" in err
+
+
+def test_serve_reads_the_api_key_file_like_the_sglang_engine(capsys, tmp_path, monkeypatch,
+                                                             tiny_checkpoint):
+    """Both key sources at once are refused, as for SGLang; the file alone is accepted."""
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    monkeypatch.setenv("MOSS_VL_API_KEY_FILE", str(key))
+    monkeypatch.setenv("MOSS_VL_API_KEY", "other")
+    argv = ["serve", "--engine", "transformers", "--model-path", str(tiny_checkpoint),
+            "--dry-run"]
+    assert cli.main(argv) == 2
+    assert "keep the file" in capsys.readouterr().err
+    monkeypatch.delenv("MOSS_VL_API_KEY")
+    assert cli.main(argv) == 0

@@ -13,7 +13,7 @@ SSE chunk sequence):
   names for the series the dashboard and the load test read, so both work unchanged).
 
 One request generates at a time (the model is not batched); others wait in a queue
-(`sglang:num_queue_reqs`). With MOSS_VL_API_KEY set, /v1/* needs
+(`sglang:num_queue_reqs`). With an API key (MOSS_VL_API_KEY_FILE or MOSS_VL_API_KEY), /v1/* needs
 `Authorization: Bearer KEY`; /health* and /metrics never do, as on SGLang.
 """
 
@@ -225,8 +225,7 @@ def create_app(engine: Engine, api_key: str | None = None, default_seed: int = 0
 
 def serve_from_cli(args, extra, flag_or_env) -> int:
     """`moss-vl serve --engine transformers` (or auto without an accelerator)."""
-    from moss_vl import environ
-    from moss_vl.cli import EXIT_OK, Refused
+    from moss_vl.cli import EXIT_OK, Refused, _keys
     from moss_vl.device import detect_device
 
     if extra:
@@ -234,6 +233,9 @@ def serve_from_cli(args, extra, flag_or_env) -> int:
     model_path = flag_or_env(args, "model_path")
     if not model_path:
         raise Refused("--model-path (or MOSS_VL_MODEL_PATH) is required")
+    # MOSS_VL_API_KEY_FILE (or MOSS_VL_API_KEY), read as the SGLang engine reads it;
+    # there are no admin endpoints here.
+    api_key, _admin = _keys()
     host, port = flag_or_env(args, "host"), flag_or_env(args, "port")
     name = flag_or_env(args, "served_model_name") or model_path
     requested = flag_or_env(args, "device")
@@ -256,7 +258,7 @@ def serve_from_cli(args, extra, flag_or_env) -> int:
         raise Refused(str(err)) from None
     import uvicorn
 
-    app = create_app(engine, api_key=environ.MOSS_VL_API_KEY.get())
+    app = create_app(engine, api_key=api_key)
     uvicorn.run(app, host=host, port=int(port), log_level="warning", access_log=False)
     return EXIT_OK
 
