@@ -120,7 +120,8 @@ deploy: $(HELM_STAMP) $(STAMP) ## Install or upgrade the release: make deploy DE
 	  *) \
 	    echo "make deploy: no Kubernetes cluster reachable (kubectl get --raw /version failed;" >&2; \
 	    echo "  context: '$$ctx'): $$(printf '%s' "$$out" | head -n 1)" >&2; \
-	    echo "  Point KUBECONFIG at a cluster with $(DEVICES) nodes and run it again." >&2;; \
+	    echo "  Point KUBECONFIG at a cluster with $(DEVICES) nodes and run it again." >&2; \
+	    echo "  No cluster at all? 'make run' serves a tiny MOSS-VL on this machine." >&2;; \
 	  esac; exit 1; }
 	# No --wait: a cold start (weights download + kernel JIT) outlasts any sane
 	# timeout; NOTES.txt says how to follow it.

@@ -19,3 +19,29 @@ def plugin_loaded():
 
     load_plugins()
     return True
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """One tiny MOSS-VL checkpoint (with its modeling file) for the whole session."""
+    from moss_vl.testing import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-moss-vl-model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_checkpoint):
+    """The tiny checkpoint loaded by `moss_vl.infer` on the CPU (transformers, remote code)."""
+    from moss_vl.infer import load_engine
+
+    return load_engine(str(tiny_checkpoint), device="cpu", served_model_name="moss-vl")
+
+
+@pytest.fixture(scope="session")
+def model_server(tiny_engine):
+    """`moss-vl serve --engine transformers`'s app on 127.0.0.1 (a real model server)."""
+    from model_server import ModelServer
+
+    server = ModelServer(tiny_engine).start()
+    yield server
+    server.stop()

@@ -286,7 +286,9 @@ def test_auto_without_accelerator_says_how_to_choose(capsys):
 
     if torch.cuda.is_available() or importlib.util.find_spec("torch_npu"):
         pytest.skip("an accelerator stack is present")
-    code, _, err = run_main(capsys, "serve", "--model-path", HUB_ID, "--dry-run")
+    # --engine sglang: without it, serve falls back to the transformers engine (test_server).
+    code, _, err = run_main(capsys, "serve", "--engine", "sglang", "--model-path", HUB_ID,
+                            "--dry-run")
     assert code == 2
     assert "no accelerator found" in err and "--device cuda" in err and "--device npu" in err
 

@@ -86,3 +86,35 @@ def test_resolve_attn_implementation(tmp_path, monkeypatch):
     assert device.resolve_attn_implementation("cuda") == "flash_attention_2"
     with pytest.raises(ValueError, match="device='tpu'"):
         device.resolve_attn_implementation("tpu")
+
+
+def test_resolve_attn_impl_per_device(monkeypatch):
+    """--attn-impl: auto per device; flash_attention_2 without CUDA -> eager + warning."""
+    assert device.resolve_attn_impl("auto", "npu") == ("eager", None)
+    assert device.resolve_attn_impl("auto", "cpu") == ("sdpa", None)
+    assert device.resolve_attn_impl("sdpa", "npu") == ("sdpa", None)
+    for where in ("cpu", "npu"):
+        impl, warning = device.resolve_attn_impl("flash_attention_2", where)
+        assert impl == "eager" and "needs CUDA" in warning
+    monkeypatch.setattr(device, "_installed", lambda name: name != "flash_attn")
+    with pytest.raises(device.DeviceError, match="flash_attn package is not installed"):
+        device.resolve_attn_impl("flash_attention_2", "cuda")
+    monkeypatch.setattr(device, "_installed", lambda name: True)
+    assert device.resolve_attn_impl("flash_attention_2", "cuda") == ("flash_attention_2", None)
+    with pytest.raises(device.DeviceError, match="--attn-impl 'flash'"):
+        device.resolve_attn_impl("flash", "cuda")
+
+
+def test_resolve_infer_device_refuses_what_is_not_there(monkeypatch):
+    monkeypatch.setattr(device, "cuda_device_count", lambda: 0)
+    monkeypatch.setattr(device, "npu_device_count", lambda: 0)
+    assert device.resolve_infer_device("cpu") == "cpu"
+    assert device.resolve_infer_device("auto") == "cpu"
+    with pytest.raises(device.DeviceError, match="--device cuda: torch sees no CUDA"):
+        device.resolve_infer_device("cuda")
+    monkeypatch.setattr(device, "_installed", lambda name: True)
+    with pytest.raises(device.DeviceError, match="torch_npu sees no NPU"):
+        device.resolve_infer_device("npu")
+    monkeypatch.setattr(device, "cuda_device_count", lambda: 2)
+    assert device.resolve_infer_device("auto") == "cuda"
+    assert device.resolve_infer_device("cuda") == "cuda"

@@ -1,4 +1,4 @@
-"""`moss-vl`: serve, doctor, version.
+"""`moss-vl`: serve, infer, doctor, version.
 
 Imports stay lazy: `import moss_vl.cli` (and `moss-vl --help`) loads neither
 torch, sglang nor kubernetes; each subcommand imports what it needs when it runs.
@@ -79,6 +79,32 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--dry-run", action="store_true", help="print, do not start")
     serve.add_argument("--output", choices=("text", "json"), default="text")
+    serve.add_argument(
+        "--engine", choices=("auto", "sglang", "transformers"), default="auto",
+        help="auto: SGLang on an accelerator, plain transformers (moss_vl.server) without one",
+    )
+
+    infer = sub.add_parser(
+        "infer",
+        help="run MOSS-VL on plain transformers: one prompt, or a JSONL of chat requests",
+        description="Load the checkpoint with transformers (trust_remote_code) and answer one "
+                    "prompt (--prompt, --image, --video) or every OpenAI chat request of a "
+                    "JSONL file (--input) into a JSONL of answers (--output, resumable).",
+    )
+    from moss_vl import infer as infer_mod  # light: imports nothing heavy at module level
+
+    infer_mod.add_arguments(infer)
+    infer.add_argument("--prompt", help="the user message of a single request")
+    infer.add_argument("--image", action="append", metavar="PATH_OR_URL", help="repeatable")
+    infer.add_argument("--video", action="append", metavar="PATH_OR_URL", help="repeatable")
+    infer.add_argument("--input", metavar="FILE.jsonl", help="OpenAI chat requests, one a line")
+    infer.add_argument("--output", metavar="FILE.jsonl", help="answers (appended; resumable)")
+    infer.add_argument("--max-tokens", type=int, default=256)
+    infer.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    infer.add_argument("--top-p", type=float, default=1.0)
+    infer.add_argument("--seed", type=int, default=0, help="seed of sampled requests")
+    infer.add_argument("--output-format", choices=("text", "json"), default="text")
+    infer.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     doctor = sub.add_parser(
         "doctor",
@@ -169,6 +195,14 @@ def _resolve_device(requested: str) -> str:
             "device); choose one with --device cuda or --device npu (or MOSS_VL_DEVICE)"
         )
     return found
+
+
+def _no_accelerator(requested: str) -> bool:
+    if requested != "auto":
+        return False
+    from moss_vl.device import detect_device
+
+    return detect_device() == "cpu"
 
 
 def _visible(device: str) -> tuple[int | None, str]:
@@ -268,7 +302,12 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     )
 
     _check_variables(args)
-    device = _resolve_device(_flag_or_env(args, "device"))
+    requested = _flag_or_env(args, "device")
+    if args.engine == "transformers" or (args.engine == "auto" and _no_accelerator(requested)):
+        from moss_vl import server
+
+        return server.serve_from_cli(args, extra, _flag_or_env)
+    device = _resolve_device(requested)
     config = ServeConfig(
         device=device,
         model_path=_flag_or_env(args, "model_path"),
@@ -444,6 +483,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return serve(args, extra)
+        if args.command == "infer":
+            from moss_vl import infer as infer_mod
+
+            return infer_mod.main(args)
         if args.command == "doctor":
             return doctor(args)
         return version(args)

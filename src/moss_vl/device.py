@@ -137,3 +137,59 @@ def resolve_attn_implementation(device: str) -> str:
     if device == "cpu":
         return "sdpa"
     raise ValueError(f"device={device!r}: expected one of npu, cuda, cpu")
+
+
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
+
+
+class DeviceError(ValueError):
+    """A device or attention implementation this machine cannot provide."""
+
+
+def resolve_infer_device(requested: str) -> Device:
+    """The device `moss-vl infer` / `serve --engine transformers` runs on.
+
+    auto picks npu, then cuda, then cpu; an explicit accelerator that is not there
+    is an error naming what was probed, not a silent fall back to the CPU.
+    """
+    if requested == "auto":
+        return detect_device()
+    if requested == "cpu":
+        return "cpu"
+    if requested == "cuda":
+        if cuda_device_count() == 0:
+            raise DeviceError("--device cuda: torch sees no CUDA device "
+                              "(torch.cuda.is_available() is false)")
+        return "cuda"
+    if requested == "npu":
+        if not _installed("torch_npu"):
+            raise DeviceError("--device npu: torch_npu is not installed")
+        if npu_device_count() == 0:
+            raise DeviceError("--device npu: torch_npu sees no NPU (check CANN's set_env.sh "
+                              "and ASCEND_RT_VISIBLE_DEVICES)")
+        return "npu"
+    raise DeviceError(f"--device {requested!r}: expected one of auto, cuda, npu, cpu")
+
+
+def resolve_attn_impl(requested: str, device: str) -> tuple[str, str | None]:
+    """(attn_implementation, warning or None) for `--attn-impl` on `device`.
+
+    auto follows `resolve_attn_implementation`. flash_attention_2 asked for without
+    CUDA falls back to eager with a warning (what MOSS-VL's upstream Ascend path
+    does); on CUDA without the flash_attn package it is an error, since the user
+    asked for a kernel this machine cannot run.
+    """
+    if requested == "auto":
+        return resolve_attn_implementation(device), None
+    if requested not in ATTN_IMPLEMENTATIONS:
+        raise DeviceError(
+            f"--attn-impl {requested!r}: expected auto or one of {', '.join(ATTN_IMPLEMENTATIONS)}"
+        )
+    if requested == "flash_attention_2":
+        if device != "cuda":
+            return "eager", (f"--attn-impl flash_attention_2 needs CUDA; {device} uses eager "
+                             "instead")
+        if not _installed("flash_attn"):
+            raise DeviceError("--attn-impl flash_attention_2: the flash_attn package is not "
+                              "installed (pip install flash-attn, or use --attn-impl sdpa)")
+    return requested, None

@@ -34,7 +34,7 @@ def test_scenarios_cover_the_features():
 
     assert any_(lambda v: not v["devices"] and v["device"] == "cuda")
     assert any_(lambda v: not v["devices"] and v["device"] == "npu")
-    assert any_(lambda v: set(v["devices"]) == {"cuda", "npu"})
+    assert any_(lambda v: set(v["devices"] or ()) == {"cuda", "npu"})
     assert any_(lambda v: v["router"]["enabled"])
     assert any_(lambda v: v["autoscaling"]["enabled"] and v["autoscaling"]["kind"] == "hpa")
     assert any_(lambda v: v["autoscaling"]["enabled"] and v["autoscaling"]["kind"] == "keda")
@@ -46,3 +46,4 @@ def test_scenarios_cover_the_features():
     assert any_(lambda v: v["model"]["storage"]["type"] == "hostPath")
     assert any_(lambda v: v["server"]["apiKey"]["enabled"])
     assert any_(lambda v: v["loadtest"]["enabled"])
+    assert any_(lambda v: v["batch"]["enabled"])

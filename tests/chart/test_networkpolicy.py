@@ -5,7 +5,8 @@ otherwise the clients and the edge: Ingress controllers with an Ingress, the
 Gateway data plane with an HTTPRoute), the chart's helm-test pod, the Locust
 workers and Prometheus; the router admits clients, the edge and the chart's
 pods on http and Prometheus on its metrics port; the helm-test pod admits
-nothing; Locust pods admit only workers on the master port. The Gateway peers
+nothing; Locust pods admit only workers on the master port; the batch inference
+pod admits nothing. The Gateway peers
 are `networkPolicy.gateways`, else the namespaces of `httpRoute.parentRefs`.
 Every pod template the chart renders is covered.
 """
@@ -69,7 +70,8 @@ def test_router_policy():
 
 
 def test_every_chart_pod_is_covered():
-    r = render("router.enabled=true", "loadtest.enabled=true", "devices={cuda,npu}")
+    r = render("router.enabled=true", "loadtest.enabled=true", "devices={cuda,npu}",
+               "batch.enabled=true", "batch.dataClaim=data")
     policies = r.all("NetworkPolicy")
     pods = [d["spec"]["template"]["metadata"]["labels"] for d in r.all("Deployment") + r.all("Job")]
     pods += [p["metadata"]["labels"] for p in r.all("Pod")]
@@ -82,6 +84,12 @@ def test_every_chart_pod_is_covered():
 def test_helm_test_pod_admits_nothing():
     np = render().get("NetworkPolicy", f"{RELEASE}-helm-test")
     assert np["spec"]["ingress"] == [] and np["spec"]["policyTypes"] == ["Ingress"]
+
+
+def test_batch_pod_admits_nothing():
+    np = render("batch.enabled=true", "batch.dataClaim=data").get("NetworkPolicy", f"{RELEASE}-batch")
+    assert np["spec"]["ingress"] == [] and np["spec"]["policyTypes"] == ["Ingress"]
+    assert np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "batch"
 
 
 def test_disabled():

@@ -221,3 +221,9 @@ def test_one_test_pod_per_pool_through_its_service(rendered, values):
         p for p in rendered.all("Pod") if p["metadata"]["annotations"].get("helm.sh/hook") == "test"
     ]
     assert len(tests) == 1 + len(pools_of(values))
+
+
+def test_passes_against_the_real_model_server(model_server):
+    """The script, byte for byte, against `moss-vl serve --engine transformers`."""
+    proc = run(model_server.url)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -21,13 +21,16 @@ def main(argv=None) -> int:
                         help="tiny (tests) or full (MOSS-VL-Instruct-0708's shapes, ~21 GiB)")
     parser.add_argument("--device", default="cpu",
                         help="where the random weights are drawn (cuda: seconds for the full size)")
+    parser.add_argument("--lm-head-scale", type=float, default=1.0,
+                        help="multiply the LM head (e.g. 50) for peaked output distributions")
     parser.add_argument("--config-only", action="store_true",
                         help="write config, code and tokenizer files but no weights")
     args = parser.parse_args(argv)
     if args.config_only:
         path = write_config_only(args.path, **SIZES[args.size])
     else:
-        path = write_checkpoint(args.path, size=args.size, seed=args.seed, device=args.device)
+        path = write_checkpoint(args.path, size=args.size, seed=args.seed, device=args.device,
+                                lm_head_scale=args.lm_head_scale)
     print(path)
     return 0
 

@@ -26,7 +26,7 @@ import torch
 from moss_vl.testing import configuration_moss_vl, processing_moss_vl
 
 HERE = Path(__file__).resolve().parent
-REMOTE_CODE_FILES = ("configuration_moss_vl.py", "processing_moss_vl.py")
+REMOTE_CODE_FILES = ("configuration_moss_vl.py", "processing_moss_vl.py", "modeling_moss_vl.py")
 
 # Qwen2-VL's special-token block, which MOSS-VL keeps (image 151655, video 151656,
 # vision_start 151652, vision_end 151653), then MOSS-VL's video timestamp markers.
@@ -164,6 +164,9 @@ def config_dict(config: configuration_moss_vl.MossVLConfig) -> dict:
             "AutoConfig": "configuration_moss_vl.MossVLConfig",
             "AutoProcessor": "processing_moss_vl.MossVLProcessor",
             "AutoImageProcessor": "processing_moss_vl.MossVLImageProcessor",
+            "AutoModel": "modeling_moss_vl.MossVLForConditionalGeneration",
+            "AutoModelForCausalLM": "modeling_moss_vl.MossVLForConditionalGeneration",
+            "AutoModelForImageTextToText": "modeling_moss_vl.MossVLForConditionalGeneration",
         },
         "text_config": {
             "model_type": "moss_vl_text",
@@ -265,14 +268,20 @@ def checkpoint_shapes(config: configuration_moss_vl.MossVLConfig) -> dict[str, t
     return shapes
 
 
-def random_weights(config, seed: int = 0) -> dict[str, torch.Tensor]:
-    """bf16 tensors for `checkpoint_shapes(config)`: N(0, 0.02) matrices, unit norms, zero biases."""
+def random_weights(config, seed: int = 0, lm_head_scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """bf16 tensors for `checkpoint_shapes(config)`: N(0, 0.02) matrices, unit norms, zero biases.
+
+    `lm_head_scale` multiplies the LM head: random weights give nearly uniform next-token
+    distributions whose near-ties flip under bf16 rounding, so greedy paths of two correct
+    implementations diverge; a scaled head (e.g. 50) makes the distributions peaked.
+    """
     generator = torch.Generator().manual_seed(seed)
-    return {name: _random_tensor(name, shape, generator)
+    return {name: _random_tensor(name, shape, generator, lm_head_scale)
             for name, shape in checkpoint_shapes(config).items()}
 
 
-def _random_tensor(name: str, shape, generator: torch.Generator) -> torch.Tensor:
+def _random_tensor(name: str, shape, generator: torch.Generator,
+                   lm_head_scale: float = 1.0) -> torch.Tensor:
     device = generator.device
     if _is_norm(name):
         value = (torch.ones if name.endswith(".weight") else torch.zeros)(shape, device=device)
@@ -284,6 +293,8 @@ def _random_tensor(name: str, shape, generator: torch.Generator) -> torch.Tensor
         value = torch.zeros(shape, device=device)
     else:
         value = torch.randn(shape, generator=generator, device=device) * 0.02
+        if name == "lm_head.weight":
+            value = value * float(lm_head_scale)
     return value.to(torch.bfloat16).contiguous()
 
 
@@ -413,7 +424,8 @@ def write_config_only(path, **overrides) -> Path:
     return path
 
 
-def write_tiny_checkpoint(path, *, seed: int = 0, **overrides) -> Path:
+def write_tiny_checkpoint(path, *, seed: int = 0, lm_head_scale: float = 1.0,
+                          **overrides) -> Path:
     """Write a complete tiny MOSS-VL checkpoint (config, code, tokenizer, random bf16 weights)."""
     from safetensors.torch import save_file
 
@@ -422,14 +434,15 @@ def write_tiny_checkpoint(path, *, seed: int = 0, **overrides) -> Path:
     config_overrides, _ = _split_overrides(overrides)
     config = tiny_config(**config_overrides)
     weights = path / "model.safetensors"
-    save_file(random_weights(config, seed=seed), str(weights), metadata={"format": "pt"})
+    save_file(random_weights(config, seed=seed, lm_head_scale=lm_head_scale), str(weights), metadata={"format": "pt"})
     # safetensors writes 0600; the serving images read the model as another uid.
     weights.chmod(0o644)
     return path
 
 
 def write_checkpoint(path, *, size: str = "tiny", seed: int = 0, device: str = "cpu",
-                     shard_bytes: int = SHARD_BYTES, **overrides) -> Path:
+                     shard_bytes: int = SHARD_BYTES, lm_head_scale: float = 1.0,
+                     **overrides) -> Path:
     """Write a MOSS-VL checkpoint of a named size (`SIZES`), sharded like published ones.
 
     Tensors are drawn on `device` (a GPU draws the 11 B full size in seconds) and
@@ -440,16 +453,17 @@ def write_checkpoint(path, *, size: str = "tiny", seed: int = 0, device: str = "
         raise ValueError(f"size {size!r}: expected one of {', '.join(SIZES)}")
     overrides = {**copy.deepcopy(SIZES[size]), **overrides}
     if size == "tiny":
-        return write_tiny_checkpoint(path, seed=seed, **overrides)
+        return write_tiny_checkpoint(path, seed=seed, lm_head_scale=lm_head_scale, **overrides)
     path = write_config_only(path, **overrides)
     config_overrides, _ = _split_overrides(copy.deepcopy(overrides))
     write_sharded_weights(path, tiny_config(**config_overrides), seed=seed, device=device,
-                          shard_bytes=shard_bytes)
+                          shard_bytes=shard_bytes, lm_head_scale=lm_head_scale)
     return path
 
 
 def write_sharded_weights(path, config, *, seed: int = 0, device: str = "cpu",
-                          shard_bytes: int = SHARD_BYTES) -> dict[str, str]:
+                          shard_bytes: int = SHARD_BYTES,
+                          lm_head_scale: float = 1.0) -> dict[str, str]:
     """Random weights as `model-XXXXX-of-YYYYY.safetensors` plus their index; the weight map.
 
     Drawn in `checkpoint_shapes` order from one generator, so on the CPU the
@@ -472,7 +486,8 @@ def write_sharded_weights(path, config, *, seed: int = 0, device: str = "cpu",
     weight_map = {}
     for index, names in enumerate(shards, start=1):
         file_name = f"model-{index:05d}-of-{len(shards):05d}.safetensors"
-        tensors = {n: _random_tensor(n, shapes[n], generator).cpu() for n in names}
+        tensors = {n: _random_tensor(n, shapes[n], generator, lm_head_scale).cpu()
+                   for n in names}
         save_file(tensors, str(path / file_name), metadata={"format": "pt"})
         (path / file_name).chmod(0o644)
         weight_map.update(dict.fromkeys(names, file_name))
