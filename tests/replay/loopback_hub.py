@@ -37,9 +37,12 @@ def _oid(path: Path) -> str:
 
 
 class Hub:
-    def __init__(self, repo: str, directory: Path, *, truncate: dict[str, int] | None = None):
+    def __init__(self, repo: str, directory: Path, *, truncate: dict[str, int] | None = None,
+                 listed_sizes: dict[str, int] | None = None):
         self.repo = repo
         self.directory = directory
+        # file -> the size the API lists instead of the real one (a hub that disagrees)
+        self.listed_sizes = listed_sizes or {}
         # file -> bytes to send before the connection is cut (a failing download)
         self.truncate = truncate or {}
         self.requests: list[str] = []
@@ -90,7 +93,8 @@ def _handler(hub: Hub):
                 return self._json({"id": hub.repo, "modelId": hub.repo, "sha": COMMIT,
                                    "private": False, "siblings": siblings})
             if path.startswith(api + "tree/") and not head:
-                return self._json([{"type": "file", "path": hub.rel(p), "size": p.stat().st_size,
+                return self._json([{"type": "file", "path": hub.rel(p),
+                                    "size": hub.listed_sizes.get(hub.rel(p), p.stat().st_size),
                                     "oid": _oid(p)} for p in hub.files()])
             prefix = f"/{hub.repo}/resolve/"
             if path.startswith(prefix):
