@@ -245,7 +245,10 @@ class Contract:
     # /root, 0700 here): their ancestors get mode 0711 in the skeleton.
     reachable: list[str] = field(default_factory=list)
     image: str = ""
-    notes: list[str] = field(default_factory=list)
+    # Cluster DNS stand-in: /etc/hosts entries (name -> address) in the root.
+    hosts: dict[str, str] = field(default_factory=dict)
+    # Run in this network namespace (a /proc/PID/ns/net path) instead of the host's.
+    netns: str = ""
 
 
 _QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)([KMGTPE]i?|[kmgtpe])?$")
@@ -397,6 +400,18 @@ def contract(objects: list[dict], workload: dict, container_name: str, *, state:
     )
 
 
+def service_hosts(objects: list[dict], address: str = "127.0.0.1") -> dict[str, str]:
+    """Every rendered Service's DNS names (short, namespaced, .svc, cluster.local) -> ADDRESS."""
+    names = {}
+    for obj in objects:
+        if obj["kind"] == "Service":
+            n = obj["metadata"]["name"]
+            for name in (n, f"{n}.{NAMESPACE}", f"{n}.{NAMESPACE}.svc",
+                         f"{n}.{NAMESPACE}.svc.cluster.local"):
+                names[name] = address
+    return names
+
+
 def _volume_mount(objects, vol, vm, ro, state: Path, fs_group, pvc_dirs, host_paths) -> Mount:
     path = vm["mountPath"]
     name = vol["name"]
@@ -530,7 +545,8 @@ def command(ct: Contract, spec_dir: Path) -> list[str]:
     """The host command that replays CT (writes the spec into SPEC_DIR)."""
     spec = spec_dir / f"contract-{ct.name}.json"
     spec.write_text(json.dumps(asdict(ct), indent=2))
-    return ["unshare", "--mount", "--propagation", "private", "--",
+    enter = ["nsenter", f"--net={ct.netns}"] if ct.netns else []
+    return [*enter, "unshare", "--mount", "--propagation", "private", "--",
             sys.executable, str(Path(__file__).resolve()), "--child", str(spec)]
 
 
@@ -584,6 +600,11 @@ def child(spec_path: str) -> None:
             shutil.copy2(src, target)
             if mode is not None:
                 target.chmod(mode)
+    if ct["hosts"]:
+        (skel / "etc").mkdir(exist_ok=True)
+        hosts = Path("/etc/hosts").read_text() if Path("/etc/hosts").is_file() else ""
+        hosts += "".join(f"{ip} {name}\n" for name, ip in ct["hosts"].items())
+        (skel / "etc" / "hosts").write_text(hosts)
     for m in ct["mounts"]:
         if m["kind"] == "bind" and Path(m["source"]).is_file():
             in_skel(m["path"]).rmdir()
