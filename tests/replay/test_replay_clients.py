@@ -103,7 +103,7 @@ def test_loadtest_master_and_worker(state, netns, tmp_path):
     assert "1 workers connected" in master_log or "workers connected" in master_log, master_log[-3000:]
     # Locust's percentile table: one `POST <scenario>` row per scenario, the count last.
     posts = [int(line.split()[-1]) for line in master_log.splitlines()
-             if re.match(r"^POST\s+\S+\s+\d", line)]
+             if re.match(r"^POST\s+\S+\s+\d", line) and line.split()[-1].isdigit()]
     assert posts and sum(posts) > 0, master_log[-3000:]
     fixture_log = (tmp_path / "fixture.log").read_text()
     assert "Read-only file system" not in master_log + worker_log
