@@ -81,16 +81,18 @@ def test_pod():
     c = container(spec, "router")
     assert c["readinessProbe"]["httpGet"]["path"] == "/readiness"
     assert c["livenessProbe"]["httpGet"]["path"] == "/liveness"
-    assert c["image"] == "openmoss/moss-vl:0.1.0-cuda"
+    assert c["image"] == "openmoss/moss-vl-router:0.1.0"
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert {p["name"] for p in c["ports"]} == {"http", "metrics"}
 
 
-def test_image_follows_first_pool_or_override():
+def test_image_is_the_router_image_or_override():
+    # Never a server image (10+ GiB), whichever pool comes first.
     c = container(
         router(render("router.enabled=true", "device=npu"))["spec"]["template"]["spec"], "router"
     )
-    assert c["image"] == "openmoss/moss-vl:0.1.0-ascend"
+    assert c["image"] == "openmoss/moss-vl-router:0.1.0"
     c = container(
         router(
             render(

@@ -105,16 +105,10 @@ Call with (dict "root" $ "device" "npu").
 {{- end }}
 {{- end }}
 
-{{/* Router image: the server image of the first pool unless router.image overrides it. */}}
+{{/* Router image: images/router (router.image), tagged with the chart's appVersion by default. */}}
 {{- define "moss-vl.routerImage" -}}
-{{- $first := first (include "moss-vl.devices" . | fromJsonArray) }}
 {{- $r := .Values.router.image }}
-{{- if or $r.repository $r.tag }}
-{{- $tag := default (printf "%s-%s" .Chart.AppVersion (index .Values $first).imageTagSuffix) (default .Values.image.tag $r.tag) }}
-{{- printf "%s:%s" (default .Values.image.repository $r.repository) $tag }}
-{{- else }}
-{{- include "moss-vl.image" (dict "root" . "device" $first) }}
-{{- end }}
+{{- printf "%s:%s" $r.repository (default .Chart.AppVersion $r.tag) }}
 {{- end }}
 
 {{- define "moss-vl.serviceAccountName" -}}
