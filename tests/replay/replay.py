@@ -59,6 +59,7 @@ NAMESPACE = "moss-vl"
 # What a container runtime puts on PATH when the image sets none (the base
 # images' own PATH is not in our Dockerfiles; moby's default is).
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SERVICE_ACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 # Where the images keep their Python environment; the local venv stands in.
 IMAGE_VENV = "/opt/venv"
 # The packages whose versions decide whether a local run says anything about the image.
@@ -318,8 +319,14 @@ def _user_id(user: str) -> tuple[int, int | None]:
 
 def contract(objects: list[dict], workload: dict, container_name: str, *, state: Path,
              pvc_dirs: dict[str, str] | None = None, host_paths: dict[str, str] | None = None,
-             extra_args: list[str] | None = None) -> Contract:
-    """The contract of one container of WORKLOAD; volumes are prepared under STATE."""
+             extra_args: list[str] | None = None,
+             service_account: tuple[str, str, int] | None = None) -> Contract:
+    """The contract of one container of WORKLOAD; volumes are prepared under STATE.
+
+    SERVICE_ACCOUNT (directory with token, ca.crt, namespace; API host; port)
+    stands in for what the kubelet gives a pod that mounts its token: the
+    files at /var/run/secrets/kubernetes.io/serviceaccount and the
+    KUBERNETES_SERVICE_HOST/PORT variables."""
     spec = pod_spec(workload)
     found = [c for _, c in containers(spec) if c["name"] == container_name]
     if not found:
@@ -330,6 +337,10 @@ def contract(objects: list[dict], workload: dict, container_name: str, *, state:
     image = image_config(c["image"])
 
     env = dict(image.env)
+    automount = spec.get("automountServiceAccountToken", True) is not False
+    if automount and service_account is not None:
+        env["KUBERNETES_SERVICE_HOST"] = service_account[1]
+        env["KUBERNETES_SERVICE_PORT"] = str(service_account[2])
     for src in c.get("envFrom", []):
         prefix = src.get("prefix", "")
         if "configMapRef" in src:
@@ -390,6 +401,8 @@ def contract(objects: list[dict], workload: dict, container_name: str, *, state:
         ro = bool(vm.get("readOnly", False))
         mounts.append(_volume_mount(objects, vol, vm, ro, state, fs_group,
                                     pvc_dirs or {}, host_paths or {}))
+    if automount and service_account is not None:
+        mounts.append(Mount(SERVICE_ACCOUNT_PATH, "files", service_account[0], True))
     return Contract(
         name=container_name, argv=argv, env=env,
         workdir=c.get("workingDir", image.workdir), uid=int(uid), gid=int(gid), groups=groups,
@@ -486,11 +499,16 @@ def lock_report(lock: str, python: str | None = None) -> list[tuple[str, str, st
             "    try: out[n] = m.version(n)\n"
             "    except m.PackageNotFoundError: out[n] = 'not installed'\n"
             "print(json.dumps(out))")
-    names = [*LOCKED_PACKAGES, "moss-vl"]
+    # The packages that matter and this image locks (the router image: sglang-router);
+    # moss-vl where the image builds it from src/.
+    names = [n for n in (*LOCKED_PACKAGES, "sglang-router") if n in pins] or list(LOCKED_PACKAGES)
+    if "router" not in str(lock):
+        names.append("moss-vl")
     got = json.loads(subprocess.run([python or sys.executable, "-c", code, *names],
                                     capture_output=True, text=True, check=True).stdout)
     version_py = (REPO / "src" / "moss_vl" / "__init__.py").read_text()
-    pins["moss-vl"] = re.search(r'__version__ = "([^"]+)"', version_py).group(1) + " (src/)"
+    if "moss-vl" in names:
+        pins["moss-vl"] = re.search(r'__version__ = "([^"]+)"', version_py).group(1) + " (src/)"
     rows = []
     for n in names:
         want = pins.get(n, "not in lock")
@@ -539,6 +557,40 @@ def stand_in_python(ct: Contract, venv: Path | None = None) -> Contract:
                 ct.reachable.append(str(Path(value.strip()).resolve().parent))
     ct.reachable.append(str(venv))
     return ct
+
+
+def locked_venv(lock: str, dest: Path, extra_dists: dict[str, Path] | None = None) -> Path:
+    """A venv at DEST holding only the packages LOCK pins, linked from this venv.
+
+    For an image whose lock is a small subset of the local venv (the router
+    image: no sglang, no torch), binding the whole local venv would change what
+    the container imports. EXTRA_DISTS: name -> a directory holding that
+    distribution (its packages and .dist-info), e.g. an unpacked wheel.
+    Returns DEST; its site-packages resolve inside the container once DEST is
+    bound at /opt/venv (the links point into this venv, visible read-only)."""
+    from importlib import metadata
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True)
+    site = next(dest.glob("lib/python*/site-packages"))
+    names = re.findall(r"^([A-Za-z0-9_.-]+)==", Path(lock).read_text(), re.MULTILINE)
+    for name in names:
+        if extra_dists and name in extra_dists:
+            # Copied, not linked: it may live where a volume hides it (/tmp).
+            for entry in extra_dists[name].iterdir():
+                if entry.is_dir():
+                    shutil.copytree(entry, site / entry.name)
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue  # the lock report says "not installed"
+        tops = {Path(str(f)).parts[0] for f in dist.files or []}
+        base = Path(dist.locate_file(""))
+        for top in tops:
+            src = (base / top).resolve()
+            if src.exists() and not (site / top).exists() and top not in ("..", "bin"):
+                (site / top).symlink_to(src)
+    return dest
 
 
 def command(ct: Contract, spec_dir: Path) -> list[str]:

@@ -23,7 +23,7 @@ import pytest
 
 from . import replay
 from .conftest import stop, wait_http
-from .test_replay_server_pod import CI, SCENARIOS, rendered
+from .test_replay_server_pod import SCENARIOS, rendered
 
 FIXTURE = replay.REPO / "tests" / "loadtest" / "fixture_server.py"
 
