@@ -31,7 +31,10 @@ lock and the harness prints the comparison.
 
 Needs root (mount namespaces, tmpfs, overlayfs, setpriv). CLI:
     python tests/replay/replay.py --values FILE --workload Deployment/NAME \
-        --container NAME [--pvc CLAIM=DIR] [--host-path PATH=DIR] [-- ARGS]
+        --container NAME --state DIR [--pvc CLAIM=DIR] [--host-path PATH=DIR] [-- ARGS]
+    python tests/replay/replay.py --check            can this machine replay?
+    python tests/replay/replay.py --render OUT.json [-f VALUES] [--set K=V]
+                                                     render for a machine without helm
 """
 
 from __future__ import annotations
@@ -49,8 +52,6 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "moss-vl"
 TOOLS_BIN = REPO / ".tools" / "bin"
@@ -60,6 +61,13 @@ NAMESPACE = "moss-vl"
 # images' own PATH is not in our Dockerfiles; moby's default is).
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SERVICE_ACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+# ENV of the base images our Dockerfiles build FROM (what their own
+# Dockerfiles set), the parent of the images' ENV: nvidia/cuda puts the CUDA
+# toolkit on PATH, where FlashInfer's JIT finds nvcc.
+BASE_IMAGE_ENV = {
+    "nvidia/cuda": {"PATH": f"/usr/local/nvidia/bin:/usr/local/cuda/bin:{DEFAULT_PATH}",
+                    "LD_LIBRARY_PATH": "/usr/local/nvidia/lib:/usr/local/nvidia/lib64"},
+}
 # Where the images keep their Python environment; the local venv stands in.
 IMAGE_VENV = "/opt/venv"
 # The packages whose versions decide whether a local run says anything about the image.
@@ -123,7 +131,10 @@ def image_config(image: str) -> ImageConfig:
                          "EXTERNAL_IMAGES; describe its ENV, WORKDIR, USER and ENTRYPOINT there")
     from dockerfile_parse import DockerfileParser
 
-    parser = DockerfileParser(str(dockerfile), parent_env={"PATH": DEFAULT_PATH})
+    base = DockerfileParser(str(dockerfile)).baseimage or ""
+    parent = next((env for name, env in BASE_IMAGE_ENV.items() if base.startswith(name + ":")),
+                  {"PATH": DEFAULT_PATH})
+    parser = DockerfileParser(str(dockerfile), parent_env=dict(parent))
     final = [i for i in parser.structure if i["instruction"] == "FROM"][-1]["startline"]
     entrypoint: list[str] = []
     cmd: list[str] = []
@@ -180,6 +191,8 @@ def helm_binary() -> str:
 
 def render(values_files=(), set_values=(), show_tests: bool = True) -> list[dict]:
     """The chart's objects as `helm template` renders them (hooks and tests included)."""
+    import yaml  # here, not at import: the H200 replays from a rendered file
+
     args = [helm_binary(), "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
     for f in values_files:
         args += ["-f", str(f)]
@@ -309,6 +322,15 @@ def expand(value: str, env: dict[str, str]) -> str:
     return _VAR_REF.sub(sub, value)
 
 
+def _base_of(image: ImageConfig) -> str:
+    if not image.dockerfile:
+        return ""
+    from dockerfile_parse import DockerfileParser
+
+    base = DockerfileParser(str(REPO / image.dockerfile)).baseimage or ""
+    return next((name for name in BASE_IMAGE_ENV if base.startswith(name + ":")), "")
+
+
 def _user_id(user: str) -> tuple[int, int | None]:
     uid, _, gid = user.partition(":")
     if not uid.isdigit():
@@ -336,7 +358,7 @@ def contract(objects: list[dict], workload: dict, container_name: str, *, state:
     c = found[0]
     image = image_config(c["image"])
 
-    env = dict(image.env)
+    env = {**{k: v for k, v in BASE_IMAGE_ENV.get(_base_of(image), {}).items()}, **image.env}
     automount = spec.get("automountServiceAccountToken", True) is not False
     if automount and service_account is not None:
         env["KUBERNETES_SERVICE_HOST"] = service_account[1]
@@ -722,6 +744,19 @@ def main(argv=None) -> int:
     if argv[:1] == ["--child"]:
         child(argv[1])
         return 1
+    if argv[:1] == ["--check"]:
+        reason = can_replay()
+        print(f"replay: {reason or 'this machine can replay (root, unshare, tmpfs, overlayfs)'}")
+        return 1 if reason else 0
+    if argv[:1] == ["--render"]:
+        # --render OUT.json [helm values files / --set ...]: for a machine without helm.
+        out, rest = argv[1], argv[2:]
+        files = [rest[i + 1] for i, x in enumerate(rest) if x == "-f"]
+        sets = [rest[i + 1] for i, x in enumerate(rest) if x == "--set"]
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(render(files, sets)))
+        print(f"wrote {out}")
+        return 0
     extra: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
@@ -739,11 +774,17 @@ def main(argv=None) -> int:
     p.add_argument("--venv", help="the venv standing in for /opt/venv (default: this one)")
     p.add_argument("--env", action="append", default=[], metavar="K=V",
                    help="stand-in variable added to the contract (say why in the caller)")
+    p.add_argument("--rendered", help="objects rendered before (JSON list, e.g. where no helm is)")
+    p.add_argument("--hosts", action="store_true",
+                   help="resolve every rendered Service name to 127.0.0.1 (cluster DNS stand-in)")
     p.add_argument("--print-only", action="store_true")
     a = p.parse_args(argv)
     state = Path(a.state)
     state.mkdir(parents=True, exist_ok=True)
-    objects = render(a.values, a.set)
+    if a.rendered:
+        objects = json.loads(Path(a.rendered).read_text())
+    else:
+        objects = render(a.values, a.set)
     kind, name = a.workload.split("/", 1)
     ct = contract(objects, find(objects, kind, name), a.container, state=state,
                   pvc_dirs=dict(x.split("=", 1) for x in a.pvc),
@@ -756,6 +797,8 @@ def main(argv=None) -> int:
     for kv in a.env:
         k, _, v = kv.partition("=")
         ct.env[k] = v
+    if a.hosts:
+        ct.hosts = service_hosts(objects)
     image = image_config(ct.image)
     print(describe(ct), flush=True)
     python = str(venv / "bin" / "python")
@@ -766,8 +809,12 @@ def main(argv=None) -> int:
     if reason:
         print(f"replay: cannot run here: {reason}", file=sys.stderr)
         return 2
-    proc = subprocess.run(command(ct, state), check=False)
-    return proc.returncode
+    # exec: this process becomes the container's, so a signal to it (a
+    # caller's kill, a process-group stop) reaches the replayed process.
+    cmd = command(ct, state)
+    sys.stdout.flush()
+    os.execvp(cmd[0], cmd)
+    return 1  # not reached
 
 
 if __name__ == "__main__":
