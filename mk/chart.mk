@@ -19,6 +19,8 @@ CHART        := charts/moss-vl
 RELEASE      ?= moss-vl
 NAMESPACE    ?= default
 DEVICE       ?= cuda
+# One pool (cuda or npu) or a mixed fleet (cuda,npu); DEVICE= still works.
+DEVICES      ?= $(DEVICE)
 HELM_ARGS    ?=
 
 HELM         := $(TOOLS)/bin/helm
@@ -93,14 +95,34 @@ chart-test: $(STAMP) $(HELM_STAMP) $(CHECKOV_STAMP) $(SGLANG_ROUTER_DIR)/.unpack
 chart-docs: $(STAMP) ## Regenerate the values table in charts/moss-vl/README.md
 	$(VPY) hack/helm-docs.py $(CHART)
 
-deploy: $(HELM_STAMP) ## Install or upgrade the release: make deploy DEVICE=cuda|npu
-	@case "$(DEVICE)" in cuda|npu) ;; *) echo "DEVICE=$(DEVICE): expected cuda or npu" >&2; exit 2;; esac
-	@$(KUBECTL) cluster-info --request-timeout=5s >/dev/null 2>&1 || { \
-	  echo "make deploy: no Kubernetes cluster reachable (kubectl cluster-info failed;" >&2; \
-	  echo "  context: '$$($(KUBECTL) config current-context 2>/dev/null || echo none)')." >&2; \
-	  echo "  Point KUBECONFIG at a cluster with $(DEVICE) nodes and run it again." >&2; \
-	  exit 1; }
+comma := ,
+DEPLOY_DEVICES = $(strip $(subst $(comma), ,$(DEVICES)))
+# Quoted for the shell: an unquoted {cuda,npu} is brace-expanded into two words.
+DEPLOY_SET = $(if $(word 2,$(DEPLOY_DEVICES)),--set 'devices={$(subst $(eval) ,$(comma),$(DEPLOY_DEVICES))}',--set device=$(DEPLOY_DEVICES))
+DEVICES_VAR = $(if $(filter command line environment,$(origin DEVICES)),DEVICES,DEVICE)
+
+deploy: $(HELM_STAMP) $(STAMP) ## Install or upgrade the release: make deploy DEVICES=cuda|npu|cuda,npu
+	@test -n "$(DEPLOY_DEVICES)" || { echo "$(DEVICES_VAR) is empty: expected cuda, npu or cuda,npu" >&2; exit 2; }
+	@for d in $(DEPLOY_DEVICES); do case "$$d" in cuda|npu) ;; \
+	  *) echo "$(DEVICES_VAR)=$(DEVICES): expected cuda or npu (or cuda,npu for both pools), got $$d" >&2; exit 2;; esac; done
+	# Preflight, before any cluster is touched: render the chart and run every
+	# pool's server environment through `moss-vl serve --dry-run` here.
+	HELM=$(HELM) $(VPY) hack/deploy_preflight.py $(RELEASE) $(CHART) $(NAMESPACE) $(DEPLOY_SET) $(HELM_ARGS)
+	@out="$$($(KUBECTL) get --raw /version --request-timeout=5s 2>&1)" || { \
+	  ctx="$$($(KUBECTL) config current-context 2>/dev/null || echo none)"; \
+	  case "$$out" in \
+	  *Unauthorized*|*"must be logged in"*) \
+	    echo "make deploy: the cluster of context '$$ctx' rejected the credentials (401 Unauthorized)." >&2; \
+	    echo "  The token or certificate in KUBECONFIG is wrong or expired: log in again." >&2;; \
+	  *Forbidden*|*forbidden*) \
+	    echo "make deploy: the cluster of context '$$ctx' answered 403 Forbidden." >&2; \
+	    echo "  These credentials may not use the API; ask for access to namespace $(NAMESPACE)." >&2;; \
+	  *) \
+	    echo "make deploy: no Kubernetes cluster reachable (kubectl get --raw /version failed;" >&2; \
+	    echo "  context: '$$ctx'): $$(printf '%s' "$$out" | head -n 1)" >&2; \
+	    echo "  Point KUBECONFIG at a cluster with $(DEVICES) nodes and run it again." >&2;; \
+	  esac; exit 1; }
 	# No --wait: a cold start (weights download + kernel JIT) outlasts any sane
 	# timeout; NOTES.txt says how to follow it.
 	$(HELM) upgrade --install $(RELEASE) $(CHART) --namespace $(NAMESPACE) --create-namespace \
-	  --set device=$(DEVICE) $(HELM_ARGS)
+	  $(DEPLOY_SET) $(HELM_ARGS)

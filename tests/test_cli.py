@@ -187,11 +187,56 @@ def test_bad_variable_is_refused_by_name(capsys, monkeypatch, var, value):
     assert var in err
 
 
-def test_missing_model_path_is_refused(capsys):
-    code, _, err = run_main(
-        capsys, "serve", "--device", "cuda", "--model-path", "/nonexistent/w", "--dry-run"
+def test_dry_run_previews_a_path_of_the_pod(capsys):
+    # the path lives in the pod: a preview on a laptop warns and goes on
+    code, out, err = run_main(
+        capsys, "serve", "--device", "cuda", "--model-path", "/models/MOSS-VL", "--dry-run"
     )
-    assert code == 2 and "--model-path" in err and "hub id" in err
+    assert code == 0, err
+    assert "--model-path /models/MOSS-VL" in out
+    assert "warning: --model-path '/models/MOSS-VL' does not exist on this machine" in err
+
+
+def test_real_start_refuses_a_missing_path(capsys):
+    code, out, err = run_main(capsys, "serve", "--device", "cuda", "--model-path", "/nonexistent/w")
+    assert code == 2 and out == ""
+    assert "--model-path" in err and "hub id" in err
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda p: p.mkdir(), "is an empty directory: the weights are not there"),
+        (lambda p: p.write_text("x"), "is a file; expected a checkpoint directory"),
+        (lambda p: (p.mkdir(), (p / "model.safetensors").write_text("")), "has no config.json"),
+    ],
+)
+def test_real_start_refuses_what_is_not_a_checkpoint(capsys, tmp_path, make, words):
+    path = tmp_path / "MOSS-VL"
+    make(path)
+    code, out, err = run_main(capsys, "serve", "--device", "cuda", "--model-path", str(path))
+    assert code == 2 and out == "", "refused before anything is printed or started"
+    assert len(err.strip().splitlines()) == 1 and words in err
+    # the same path previews fine: the dry run does not need the weights
+    code, _, err = run_main(
+        capsys, "serve", "--device", "cuda", "--model-path", str(path), "--dry-run"
+    )
+    assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--no-such-flag", "1"], "unrecognized arguments: --no-such-flag 1"),
+        (["--chunked-prefill-size", "lots"], "invalid int value: 'lots'"),
+    ],
+)
+def test_dry_run_extra_args_go_through_sglangs_parser(capsys, extra, words):
+    code, out, err = run_main(
+        capsys, "serve", "--device", "cuda", "--model-path", HUB_ID, "--dry-run", "--", *extra
+    )
+    assert code == 2
+    assert "SGLang's argument parser rejects the command" in err and words in err
 
 
 def test_auto_without_accelerator_says_how_to_choose(capsys):
@@ -206,34 +251,72 @@ def test_auto_without_accelerator_says_how_to_choose(capsys):
     assert "no accelerator found" in err and "--device cuda" in err and "--device npu" in err
 
 
-def test_version(capsys):
-    def installed(name):
+def installed(*names):
+    for name in names:
         try:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
-            return "not installed"
+            continue
+    return None
 
+
+def test_version(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(tmp_path / "no-cann"))
     code, out, _ = run_main(capsys, "version")
     assert code == 0
-    assert out.splitlines() == [
+    expected = [
         f"moss-vl {__version__}",
-        f"sglang {installed('sglang')}",
-        f"torch {installed('torch')}",
+        f"sglang {installed('sglang') or 'not installed'}",
+        f"torch {installed('torch') or 'not installed'}",
     ]
+    for label, names in cli.OPTIONAL_DISTRIBUTIONS.items():
+        if installed(*names):
+            expected.append(f"{label} {installed(*names)}")
+    assert out.splitlines() == expected
+    # this venv has flashinfer and transformers (SGLang's dependencies): they show
+    assert any(line.startswith("flashinfer ") for line in expected)
+    assert any(line.startswith("transformers ") for line in expected)
     code, out, _ = run_main(capsys, "version", "--output", "json")
     assert json.loads(out)["moss-vl"] == __version__
 
 
-def test_versions_report_absent_distributions(monkeypatch):
+def test_versions_report_absent_distributions(monkeypatch, tmp_path):
     real = metadata.version
 
     def version(name):
-        if name == "sglang":
+        if name in ("sglang", "flashinfer-python", "flashinfer"):
             raise metadata.PackageNotFoundError(name)
         return real(name)
 
     monkeypatch.setattr(metadata, "version", version)
-    assert cli.versions()["sglang"] == "not installed"
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(tmp_path / "no-cann"))
+    found = cli.versions()
+    assert found["sglang"] == "not installed"
+    assert "flashinfer" not in found, "optional stacks appear only where present"
+    assert "CANN" not in found
+
+
+def test_versions_report_torch_npu_and_cann_where_present(monkeypatch, tmp_path):
+    real = metadata.version
+
+    def version(name):
+        if name == "torch-npu":
+            return "2.11.0.post3"
+        return real(name)
+
+    monkeypatch.setattr(metadata, "version", version)
+    toolkit = tmp_path / "ascend-toolkit" / "latest"
+    (toolkit / "aarch64-linux").mkdir(parents=True)
+    (toolkit / "aarch64-linux" / "ascend_toolkit_install.info").write_text(
+        "package_name=Ascend-cann-toolkit\nversion=9.0.0\ninnerversion=V100R001C25\n"
+    )
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(toolkit))
+    found = cli.versions()
+    assert found["torch_npu"] == "2.11.0.post3" and found["CANN"] == "9.0.0"
+    # without ASCEND_TOOLKIT_HOME, the toolkit next to the set_env.sh script is read
+    monkeypatch.delenv("ASCEND_TOOLKIT_HOME")
+    monkeypatch.setenv("MOSS_VL_ASCEND_SET_ENV", str(tmp_path / "ascend-toolkit" / "set_env.sh"))
+    assert cli.versions()["CANN"] == "9.0.0"
 
 
 # ---- exec contract -------------------------------------------------------------------

@@ -1,27 +1,35 @@
 """moss_vl.doctor: judging a cluster for the chart, and talking to it.
 
 Contract: the judges take the kubernetes client's real model objects (V1Node,
-V1Pod, V1CustomResourceDefinition) and report accelerator nodes (resource
-names configurable), free accelerators (allocatable minus what non-finished
-pods on the node request, by Kubernetes' effective-request rule), labels,
-taints, the chart's CRDs, and recommended Helm values (device, nodeSelector,
-tolerations). The fetch layer lists pods per node with a spec.nodeName field
-selector. Without a reachable cluster `moss-vl doctor` prints one line and
-exits 1.
+V1Pod, V1CustomResourceDefinition) and report accelerator nodes (the NVIDIA
+and Ascend resource names in use, MIG and HAMi included, more by flag), free
+accelerators (allocatable minus what non-finished pods on the node request,
+by Kubernetes' effective-request rule), labels, taints, the chart's CRDs, a
+warning naming nodes with accelerators it does not recognise, and Helm values
+in the chart's own shape (`device` or `devices`, `cuda:`/`npu:` blocks with
+resourceName, nodeSelector, tolerations). The fetch layer lists pods per
+node with a spec.nodeName field selector. Each way of failing to read the
+cluster (no kubeconfig, bad context, unreachable, 401, 403) has its own
+one-line message and exit code, and JSON output stays JSON on failure.
 
-The end-to-end test serves the Kubernetes REST wire format (JSON produced from
-the real model classes by the client's own serializer) from a local HTTP
-server, since no API server runs here.
+The round trip: doctor's `--output values` for a mixed cluster goes through
+`helm template -f` unchanged and gives schema-valid objects whose pools land
+on the nodes doctor saw. The end-to-end tests serve the Kubernetes REST wire
+format (JSON produced from the real model classes by the client's own
+serializer) from a local HTTP server, since no API server runs here; the real
+kubernetes client talks to it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -29,6 +37,8 @@ import yaml
 from kubernetes import client as k8s
 
 from moss_vl import doctor
+
+REPO = Path(__file__).resolve().parents[1]
 
 GPU = "nvidia.com/gpu"
 NPU = "huawei.com/Ascend910"
@@ -121,11 +131,46 @@ def test_effective_request_follows_init_and_sidecar_rules():
     assert doctor.pod_request(p, GPU) == 2
 
 
-def test_npu_resource_names_are_configurable():
-    n = node("npu-a", {"huawei.com/Ascend910B": "16"})
+@pytest.mark.parametrize(
+    "resource, device",
+    [
+        ("nvidia.com/gpu", "cuda"),
+        ("nvidia.com/mig-3g.40gb", "cuda"),
+        ("nvidia.com/mig-1g.10gb+me", "cuda"),
+        ("huawei.com/Ascend910", "npu"),
+        ("huawei.com/Ascend310P", "npu"),
+        ("huawei.com/npu", "npu"),
+        ("huawei.com/ascend-1980", "npu"),
+        ("huawei.com/Ascend910B", "npu"),
+        ("huawei.com/Ascend910B3", "npu"),
+    ],
+)
+def test_resource_names_in_use_are_recognised(resource, device):
+    report = doctor.judge_node(node("n", {resource: "8"}), [])
+    assert (report.device, report.resource, report.free) == (device, resource, 8)
+
+
+def test_more_resource_names_by_flag():
+    n = node("x", {"vendor.example/npu-v2": "4"})
     assert doctor.judge_node(n, []) is None
-    report = doctor.judge_node(n, [], npu_resources=("huawei.com/Ascend910B",))
-    assert (report.device, report.free) == ("npu", 16)
+    report = doctor.judge_node(n, [], npu_resources=("vendor.example/npu-v2",))
+    assert (report.device, report.free) == ("npu", 4)
+
+
+def test_unrecognised_accelerators_are_named_in_a_warning():
+    nodes = [
+        node("amd-a", {"amd.com/gpu": "8"}),
+        node("hami-a", {"huawei.com/Ascend910B": "8", "huawei.com/Ascend910B-memory": "65536"}),
+        node("odd-a", {"huawei.com/Ascend-next": "8"}),
+        node("cpu-a", {"example.com/dongle": "1"}),
+    ]
+    report = build(nodes)
+    assert [n.name for n in report.nodes] == ["hami-a"]
+    (amd, odd) = report.warnings
+    assert amd.startswith("node amd-a advertises amd.com/gpu") and "--gpu-resource" in amd
+    assert odd.startswith("node odd-a advertises huawei.com/Ascend-next")
+    # the HAMi memory share is a companion of a known device, not a device
+    assert not any("Ascend910B-memory" in w for w in report.warnings)
 
 
 def test_nodes_without_accelerators_are_left_out():
@@ -187,15 +232,18 @@ def test_recommends_cuda_values_from_gpu_nodes():
     assert [n.name for n in report.nodes] == ["gpu-a", "gpu-b"]
     assert report.values == {
         "device": "cuda",
-        "nodeSelector": {"nvidia.com/gpu.present": "true"},
-        "tolerations": [
-            {"key": GPU, "operator": "Exists", "effect": "NoSchedule"},
-            {"key": GPU, "operator": "Equal", "value": "present", "effect": "NoSchedule"},
-        ],
+        "cuda": {
+            "resourceName": GPU,
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+            "tolerations": [
+                {"key": GPU, "operator": "Exists", "effect": "NoSchedule"},
+                {"key": GPU, "operator": "Equal", "value": "present", "effect": "NoSchedule"},
+            ],
+        },
     }
 
 
-def test_recommends_npu_values_and_notes_a_custom_resource():
+def test_recommends_npu_values_for_hami_nodes():
     nodes = [
         node(
             "npu-a",
@@ -204,10 +252,12 @@ def test_recommends_npu_values_and_notes_a_custom_resource():
             taints=[("huawei.com/Ascend910", "true", "NoSchedule")],
         )
     ]
-    report = build(nodes, npu_resources=("huawei.com/Ascend910B",))
+    report = build(nodes)
     assert report.values["device"] == "npu"
-    assert report.values["nodeSelector"] == {"accelerator": "huawei-Ascend910"}
-    assert report.values["tolerations"] == [
+    npu = report.values["npu"]
+    assert npu["resourceName"] == "huawei.com/Ascend910B"
+    assert npu["nodeSelector"] == {"accelerator": "huawei-Ascend910"}
+    assert npu["tolerations"] == [
         {
             "key": "huawei.com/Ascend910",
             "operator": "Equal",
@@ -215,23 +265,64 @@ def test_recommends_npu_values_and_notes_a_custom_resource():
             "effect": "NoSchedule",
         }
     ]
-    assert any("huawei.com/Ascend910B" in note for note in report.notes)
+    assert "cuda" not in report.values and "devices" not in report.values
 
 
-def test_no_common_label_means_no_node_selector():
+def test_no_common_label_drops_the_chart_default_selector():
     nodes = [
         node("gpu-a", {GPU: "1"}, {"nvidia.com/gpu.product": "A"}),
         node("gpu-b", {GPU: "1"}, {"nvidia.com/gpu.product": "B"}),
     ]
-    assert build(nodes).values["nodeSelector"] == {}
+    report = build(nodes)
+    # helm merges maps: without the null the chart's default label would stay
+    # and the pods would never schedule on these nodes
+    assert report.values["cuda"]["nodeSelector"] == {"nvidia.com/gpu.present": None}
+    assert any("share no accelerator label" in n for n in report.notes)
 
 
-def test_both_kinds_pick_the_one_with_more_free_accelerators():
-    nodes = [node("gpu-a", {GPU: "8"}), node("npu-a", {NPU: "16"})]
+def test_newer_ascend_label_replaces_the_default_one():
+    nodes = [node("npu-a", {"huawei.com/npu": "16"}, {"accelerator": "huawei-npu"})]
+    npu = build(nodes).values["npu"]
+    assert npu["resourceName"] == "huawei.com/npu"
+    assert npu["nodeSelector"] == {"accelerator": "huawei-npu"}
+
+
+def test_chart_default_selectors_are_known_to_doctor():
+    chart = yaml.safe_load((REPO / "charts" / "moss-vl" / "values.yaml").read_text())
+    for device in doctor.DEVICES:
+        assert chart[device]["nodeSelector"] == doctor.CHART_NODE_SELECTORS[device]
+
+
+def test_both_kinds_recommend_both_pools():
+    nodes = [
+        node("gpu-a", {GPU: "8"}, {"nvidia.com/gpu.present": "true"}),
+        node("npu-a", {NPU: "16"}, {"accelerator": "huawei-Ascend910"}),
+    ]
     pods = {"gpu-a": [pod([container("x", limits={GPU: "2"})])]}
     report = build(nodes, pods)
-    assert report.values["device"] == "npu"
+    assert report.values["devices"] == ["cuda", "npu"]
+    assert "device" not in report.values
+    assert report.values["cuda"]["resourceName"] == GPU
+    assert report.values["npu"]["resourceName"] == NPU
     assert any("both cuda (6 free) and npu (16 free)" in n for n in report.notes)
+    assert not any("second release" in n for n in report.notes)
+
+
+def test_mixed_resource_names_of_one_device_pick_the_most_free():
+    nodes = [
+        node("a", {NPU: "8"}, {"accelerator": "huawei-Ascend910"}),
+        node("b", {"huawei.com/npu": "16"}, {"accelerator": "huawei-npu"}),
+    ]
+    report = build(nodes)
+    assert report.values["npu"]["resourceName"] == "huawei.com/npu"
+    assert report.values["npu"]["nodeSelector"] == {"accelerator": "huawei-npu"}
+    assert any("a (huawei.com/Ascend910) stay unused" in n for n in report.notes)
+
+
+def test_small_mig_slices_are_noted():
+    report = build([node("mig-a", {"nvidia.com/mig-1g.10gb": "7"})])
+    assert report.values["cuda"]["resourceName"] == "nvidia.com/mig-1g.10gb"
+    assert any("cannot hold MOSS-VL" in n for n in report.notes)
 
 
 def test_unusable_nodes_give_no_values():
@@ -247,7 +338,7 @@ def test_full_nodes_are_noted():
         [node("gpu-a", {GPU: "1"})], {"gpu-a": [pod([container("x", limits={GPU: "1"})])]}
     )
     assert report.values["device"] == "cuda"
-    assert any("already requested" in n for n in report.notes)
+    assert any("already requested; pods will stay Pending" in n for n in report.notes)
 
 
 def test_missing_crds_and_namespace_are_noted():
@@ -279,14 +370,14 @@ def test_text_rendering_shows_nodes_crds_and_values():
 # ---- talking to a cluster -----------------------------------------------------------------
 
 
-def kubeconfig(tmp_path, server):
+def kubeconfig(tmp_path, server, current="t"):
     path = tmp_path / "kubeconfig"
     path.write_text(
         yaml.safe_dump(
             {
                 "apiVersion": "v1",
                 "kind": "Config",
-                "current-context": "t",
+                "current-context": current,
                 "clusters": [{"name": "t", "cluster": {"server": server}}],
                 "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
                 "users": [{"name": "t", "user": {"token": "t"}}],
@@ -302,38 +393,86 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-def run_doctor(*args):
+def run_doctor(*args, env=None):
+    run_env = {
+        k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
+    }
+    run_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "moss_vl.cli", "doctor", *args],
         capture_output=True,
         text=True,
         check=False,
         timeout=120,
+        env=run_env,
     )
 
 
-def test_unreachable_cluster_is_one_line_and_exit_1(tmp_path):
-    proc = run_doctor(
-        "--kubeconfig", kubeconfig(tmp_path, f"http://127.0.0.1:{closed_port()}"), "--timeout", "2"
-    )
-    assert proc.returncode == 1
-    assert proc.stdout == ""
+def one_line(proc) -> str:
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot reach the Kubernetes API at http://127.0.0.1:" in lines[0]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
 
 
-def test_missing_kubeconfig_is_one_line_and_exit_1(tmp_path):
-    proc = run_doctor("--kubeconfig", str(tmp_path / "absent"))
-    assert proc.returncode == 1
-    assert len(proc.stderr.strip().splitlines()) == 1
-    assert "no usable cluster configuration" in proc.stderr
+def test_unreachable_cluster(tmp_path):
+    config = kubeconfig(tmp_path, f"http://127.0.0.1:{closed_port()}")
+    proc = run_doctor("--kubeconfig", config, "--timeout", "2")
+    assert proc.returncode == doctor.EXIT_UNREACHABLE == 5
+    assert proc.stdout == ""
+    assert "cannot reach the Kubernetes API at http://127.0.0.1:" in one_line(proc)
+    # JSON output stays JSON when doctor fails
+    proc = run_doctor("--kubeconfig", config, "--timeout", "2", "--output", "json")
+    assert proc.returncode == 5
+    failure = json.loads(proc.stdout)
+    assert failure["reason"] == "unreachable" and failure["exit_code"] == 5
+    assert "cannot reach the Kubernetes API" in failure["error"]
+
+
+def test_missing_kubeconfig_file(tmp_path):
+    proc = run_doctor("--kubeconfig", str(tmp_path / "absent"), "--output", "json")
+    assert proc.returncode == doctor.EXIT_NO_KUBECONFIG == 3
+    assert f"kubeconfig {tmp_path / 'absent'} does not exist" in one_line(proc)
+    assert json.loads(proc.stdout)["reason"] == "no_kubeconfig"
+
+
+def test_no_kubeconfig_anywhere(tmp_path):
+    proc = run_doctor(env={"HOME": str(tmp_path)})
+    assert proc.returncode == 3
+    assert "no kubeconfig: pass --kubeconfig FILE, set KUBECONFIG" in one_line(proc)
+
+
+def test_bad_context(tmp_path):
+    config = kubeconfig(tmp_path, "http://127.0.0.1:9")
+    proc = run_doctor("--kubeconfig", config, "--context", "prod")
+    assert proc.returncode == doctor.EXIT_BAD_CONTEXT == 4
+    assert "context 'prod' is not in kubeconfig" in one_line(proc) and "(it has: t)" in proc.stderr
+    proc = run_doctor("--kubeconfig", kubeconfig(tmp_path, "http://127.0.0.1:9", current=""))
+    assert proc.returncode == 4 and "has no current-context: pass --context" in one_line(proc)
+
+
+@pytest.mark.parametrize(
+    "path, status, code, words",
+    [
+        ("/version/", 401, doctor.EXIT_UNAUTHORIZED, "rejected the credentials (401 Unauthorized)"),
+        ("/api/v1/nodes", 403, doctor.EXIT_FORBIDDEN, "403 Forbidden while listing nodes"),
+        ("/api/v1/pods", 403, doctor.EXIT_FORBIDDEN, "while listing the pods on node gpu-a"),
+    ],
+)
+def test_auth_failures_are_reported_as_such(tmp_path, path, status, code, words):
+    with FakeApiServer([node("gpu-a", {GPU: "1"})], [], [], {"moss"}, fail={path: status}) as api:
+        proc = run_doctor("--kubeconfig", kubeconfig(tmp_path, api.url), "--output", "json")
+    assert proc.returncode == code
+    assert words in one_line(proc)
+    assert "cannot reach" not in proc.stderr
+    assert json.loads(proc.stdout)["exit_code"] == code
 
 
 class FakeApiServer:
     """The Kubernetes REST paths doctor reads, answered with serialized model objects."""
 
-    def __init__(self, nodes, pods, crds, namespaces):
+    def __init__(self, nodes, pods, crds, namespaces, fail=None):
         serialize = k8s.ApiClient().sanitize_for_serialization
+        fail = fail or {}
         self.requests: list[str] = []
         nodes_doc = serialize(k8s.V1NodeList(items=nodes, metadata=k8s.V1ListMeta()))
         crd_docs = {c.metadata.name: serialize(c) for c in crds}
@@ -385,7 +524,21 @@ class FakeApiServer:
                 outer.requests.append(self.path)
                 query = parse_qs(url.query)
                 crd_prefix = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
-                if url.path == "/version/":
+                if url.path in fail:
+                    code = fail[url.path]
+                    reason = {401: "Unauthorized", 403: "Forbidden"}.get(code, "Error")
+                    self.send(
+                        code,
+                        {
+                            "kind": "Status",
+                            "apiVersion": "v1",
+                            "status": "Failure",
+                            "reason": reason,
+                            "code": code,
+                            "message": reason.lower(),
+                        },
+                    )
+                elif url.path == "/version/":
                     self.send(200, version_doc)
                 elif url.path == "/api/v1/nodes":
                     self.send(200, nodes_doc)
@@ -471,6 +624,105 @@ def test_doctor_end_to_end(tmp_path, output):
     assert present["httproutes.gateway.networking.k8s.io"] is False
     assert report["values"] == {
         "device": "cuda",
-        "nodeSelector": {"nvidia.com/gpu.present": "true"},
-        "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+        "cuda": {
+            "resourceName": GPU,
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+            "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+        },
     }
+
+
+# ---- round trip: doctor's values install as they are -----------------------------------
+
+
+def tolerates(tolerations, taint) -> bool:
+    for t in tolerations:
+        if t.get("key") != taint.key or t.get("effect") not in (None, taint.effect):
+            continue
+        if t.get("operator") == "Exists" or t.get("value") == taint.value:
+            return True
+    return False
+
+
+def test_mixed_cluster_values_install_as_they_are(tmp_path):
+    from chart import test_kubernetes_validate as kval
+    from chart.chart_render import CHART, helm
+
+    gpu_labels = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H200"}
+    npu_labels = {"accelerator": "huawei-npu", "host-arch": "huawei-arm"}
+    nodes = [
+        node("gpu-a", {GPU: "8"}, gpu_labels, taints=[(GPU, None, "NoSchedule")]),
+        # no GPU feature discovery here: doctor must drop the chart's default label
+        node("gpu-b", {GPU: "8"}, {"nvidia.com/gpu.product": "NVIDIA-H200"}),
+        node(
+            "npu-a",
+            {"huawei.com/npu": "16"},
+            npu_labels,
+            taints=[("huawei.com/npu", "true", "NoSchedule")],
+        ),
+        node("amd-a", {"amd.com/gpu": "8"}),
+        node("cpu-a"),
+    ]
+    with FakeApiServer(nodes, [], [], {"moss"}) as api:
+        proc = run_doctor(
+            "--kubeconfig",
+            kubeconfig(tmp_path, api.url),
+            "--namespace",
+            "moss",
+            "--output",
+            "values",
+        )
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: node amd-a advertises amd.com/gpu" in proc.stderr
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(proc.stdout)
+    values = yaml.safe_load(proc.stdout)
+    assert values["devices"] == ["cuda", "npu"]
+    assert values["cuda"]["nodeSelector"] == {
+        "nvidia.com/gpu.present": None,
+        "nvidia.com/gpu.product": "NVIDIA-H200",
+    }
+
+    # as is: no edit between doctor and helm (the schema is strict, so a key
+    # the chart does not have fails here)
+    out = helm("template", "moss-vl", str(CHART), "--namespace", "moss", "-f", str(values_file))
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    errors = []
+    for doc in docs:
+        key = (doc["apiVersion"], doc["kind"])
+        if key in kval.crd_schemas():
+            continue
+        try:
+            kval.kv.validate(doc, kval.K8S_VERSION, strict=True)
+        except kval.kv.ValidationError as exc:
+            errors.append(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message}")
+    assert not errors, errors
+
+    by_device = {"cuda": nodes[:2], "npu": nodes[2:3]}
+    deployments = {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]
+        for d in docs
+        if d["kind"] == "Deployment"
+    }
+    assert set(deployments) == {"moss-vl-cuda", "moss-vl-npu"}
+    for device, pool_nodes in by_device.items():
+        spec = deployments[f"moss-vl-{device}"]
+        server = next(c for c in spec["containers"] if c["name"] == "server")
+        resource = values[device]["resourceName"]
+        assert server["resources"]["limits"][resource] == 1
+        for n in pool_nodes:
+            # the pod fits every node of its pool: labels, taints, resource
+            assert resource in n.status.allocatable
+            labels = n.metadata.labels
+            selector = spec.get("nodeSelector", {})
+            assert all(labels.get(k) == v for k, v in selector.items()), (device, selector)
+            for taint in n.spec.taints or []:
+                assert tolerates(spec.get("tolerations", []), taint), (device, taint)
+        # and none of the other pool's nodes
+        for other in (o for d, ns in by_device.items() if d != device for o in ns):
+            assert resource not in other.status.allocatable
+    # each pool its own image
+    images = {
+        name: next(c["image"] for c in spec["containers"]) for name, spec in deployments.items()
+    }
+    assert images["moss-vl-cuda"].endswith("-cuda") and images["moss-vl-npu"].endswith("-ascend")

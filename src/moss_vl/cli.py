@@ -3,9 +3,11 @@
 Imports stay lazy: `import moss_vl.cli` (and `moss-vl --help`) loads neither
 torch, sglang nor kubernetes; each subcommand imports what it needs when it runs.
 
-Exit codes: 0 ok; 1 the environment failed (no cluster, ...); 2 the request was
-refused before anything started (bad flag or variable, contradiction). Once
-`serve` execs SGLang, the exit code is SGLang's.
+Exit codes: 0 ok; 1 the environment failed (no SGLang, ...); 2 the request was
+refused before anything started (bad flag or variable, contradiction); doctor
+3 no kubeconfig, 4 bad context, 5 cluster unreachable, 6 401 Unauthorized,
+7 403 Forbidden (moss_vl.doctor.EXIT_*). Once `serve` execs SGLang, the exit
+code is SGLang's.
 """
 
 from __future__ import annotations
@@ -94,20 +96,31 @@ def _build_parser() -> argparse.ArgumentParser:
         "--gpu-resource",
         action="append",
         metavar="NAME",
-        help="NVIDIA extended resource name (repeatable; default nvidia.com/gpu)",
+        help="another NVIDIA extended resource name to recognise (repeatable; built in: "
+        "nvidia.com/gpu, nvidia.com/mig-*)",
     )
     doctor.add_argument(
         "--npu-resource",
         action="append",
         metavar="NAME",
-        help="Ascend extended resource name (repeatable; default huawei.com/Ascend910)",
+        help="another Ascend extended resource name to recognise (repeatable; built in: "
+        "huawei.com/Ascend910, Ascend310P, Ascend310, npu, ascend-1980, Ascend910B*)",
     )
     doctor.add_argument(
         "--timeout", type=float, default=5.0, help="seconds per API request (default 5)"
     )
-    doctor.add_argument("--output", choices=("text", "json", "yaml"), default="text")
+    doctor.add_argument(
+        "--output",
+        choices=("text", "json", "yaml", "values"),
+        default="text",
+        help="values: only the recommended Helm values, for `helm install -f`",
+    )
 
-    version = sub.add_parser("version", help="print moss-vl, SGLang and torch versions")
+    version = sub.add_parser(
+        "version",
+        help="print moss-vl, SGLang and torch versions, and flashinfer, transformers, "
+        "sglang-router, torch_npu and CANN where present",
+    )
     version.add_argument("--output", choices=("text", "json"), default="text")
     return parser
 
@@ -182,8 +195,34 @@ def _env_sources(args: argparse.Namespace) -> dict[str, str]:
     return sources
 
 
+def _sglang_parse(argv: Sequence[str]) -> str | None:
+    """SGLang's own verdict on `argv` (its ServerArgs parser): None when it
+    accepts them, else its error; None too when SGLang is not installed here."""
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        return None
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    try:
+        _, unknown = parser.parse_known_args(list(argv))
+    except (argparse.ArgumentError, SystemExit) as err:
+        return str(err)
+    if unknown:
+        return f"unrecognized arguments: {' '.join(unknown)}"
+    return None
+
+
 def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
-    from moss_vl.presets import LAUNCH_MODULE, PresetError, ServeConfig, build_command
+    from moss_vl.presets import (
+        LAUNCH_MODULE,
+        PresetError,
+        ServeConfig,
+        build_command,
+        check_checkpoint,
+    )
 
     device = _resolve_device(_flag_or_env(args, "device"))
     config = ServeConfig(
@@ -207,10 +246,24 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
         # count is not knowable, so it is not checked.
         visible = None
     try:
-        command = build_command(config, visible=visible, visible_source=visible_source)
+        command = build_command(
+            config, visible=visible, visible_source=visible_source, preview=args.dry_run
+        )
+        if not args.dry_run:
+            check_checkpoint(command.model_path)
     except PresetError as err:
         source = _env_sources(args).get(err.flag)
         raise Refused(f"{err} (set by {source})" if source else str(err)) from None
+    for warning in command.warnings:
+        print(f"moss-vl serve: warning: {warning}", file=sys.stderr)
+    if args.dry_run and config.extra_args:
+        # The real start gets this check from SGLang itself; a preview must
+        # not print a command SGLang would reject (e.g. a misspelt extra flag).
+        # The preset's own flags are checked against this parser by the tests,
+        # so only a command with extra arguments pays for importing SGLang.
+        rejected = _sglang_parse(command.argv)
+        if rejected:
+            raise Refused(f"SGLang's argument parser rejects the command: {rejected}")
 
     python = sys.executable
     shown = [python, "-m", LAUNCH_MODULE, *command.display_argv()]
@@ -252,27 +305,76 @@ def doctor(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
         context=args.context,
         namespace=args.namespace,
-        gpu_resources=tuple(args.gpu_resource or doctor_mod.DEFAULT_GPU_RESOURCES),
-        npu_resources=tuple(args.npu_resource or doctor_mod.DEFAULT_NPU_RESOURCES),
+        gpu_resources=tuple(args.gpu_resource or ()),
+        npu_resources=tuple(args.npu_resource or ()),
         timeout=args.timeout,
         output=args.output,
     )
 
 
+# Reported only where installed: the accelerator stacks differ per image.
+OPTIONAL_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
+    "flashinfer": ("flashinfer-python", "flashinfer"),
+    "transformers": ("transformers",),
+    "sglang-router": ("sglang-router",),
+    "torch_npu": ("torch-npu", "torch_npu"),
+}
+
+
+def cann_version(toolkit_home: str | None = None) -> str | None:
+    """The CANN toolkit version, read from its install info, or None without CANN.
+
+    Where: $ASCEND_TOOLKIT_HOME (set by CANN's set_env.sh), else the `latest`
+    link next to MOSS_VL_ASCEND_SET_ENV (/usr/local/Ascend/ascend-toolkit/latest).
+    """
+    from pathlib import Path
+
+    home = toolkit_home or os.environ.get("ASCEND_TOOLKIT_HOME")
+    if not home:
+        home = str(Path(environ.MOSS_VL_ASCEND_SET_ENV.get()).parent / "latest")
+    root = Path(home)
+    if not root.is_dir():
+        return None
+    candidates = [
+        *sorted(root.glob("*/ascend_toolkit_install.info")),
+        root / "compiler" / "version.info",
+    ]
+    for info in candidates:
+        try:
+            text = info.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip().lower() == "version" and value.strip():
+                return value.strip()
+    return None
+
+
 def versions() -> dict[str, str]:
     from importlib import metadata
 
-    def dist_version(name: str) -> str:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "not installed"
+    def dist_version(*names: str) -> str | None:
+        for name in names:
+            try:
+                return metadata.version(name)
+            except metadata.PackageNotFoundError:
+                continue
+        return None
 
-    return {
+    found = {
         "moss-vl": __version__,
-        "sglang": dist_version("sglang"),
-        "torch": dist_version("torch"),
+        "sglang": dist_version("sglang") or "not installed",
+        "torch": dist_version("torch") or "not installed",
     }
+    for label, names in OPTIONAL_DISTRIBUTIONS.items():
+        version = dist_version(*names)
+        if version is not None:
+            found[label] = version
+    cann = cann_version()
+    if cann is not None:
+        found["CANN"] = cann
+    return found
 
 
 def version(args: argparse.Namespace) -> int:

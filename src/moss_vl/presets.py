@@ -179,6 +179,8 @@ class ServeCommand:
     device: str
     argv: tuple[str, ...]  # arguments after `python -m sglang.launch_server`
     env: dict[str, str]  # variables moss-vl sets on top of the inherited environment
+    model_path: str = ""
+    warnings: tuple[str, ...] = ()  # what a preview let through (e.g. a path of the pod)
 
     def launch_argv(self, python: str) -> list[str]:
         return [python, "-m", LAUNCH_MODULE, *self.argv]
@@ -242,19 +244,55 @@ def is_hub_id(model_path: str) -> bool:
     return bool(_HUB_ID.match(model_path)) and ".." not in model_path.split("/")
 
 
-def check_model_path(model_path: str | None) -> None:
+def check_model_path(model_path: str | None, preview: bool = False) -> str | None:
+    """Refuse a model path that cannot be served; in a preview, a missing local
+    path is only a warning (returned): it may be a path of the pod, not of this
+    machine."""
     if not model_path:
         raise PresetError(
             "--model-path", "required (a local checkpoint directory or a hub id like org/name)"
         )
     if os.path.exists(model_path):
-        return
+        return None
     if is_hub_id(model_path):
-        return
+        return None
+    if preview:
+        return (
+            f"--model-path {model_path!r} does not exist on this machine; previewing anyway "
+            "(it must exist where the server starts, e.g. in the pod)"
+        )
     raise PresetError(
         "--model-path",
         f"{model_path!r} does not exist locally and is not a hub id (org/name)",
     )
+
+
+def check_checkpoint(model_path: str) -> None:
+    """Before a real start: a local model path must be a checkpoint directory.
+
+    SGLang would fail minutes later, deep in transformers, on an empty
+    directory (a download that never ran) or a file; this says it in one line.
+    A hub id (not a local path) is left to SGLang.
+    """
+    if not os.path.exists(model_path):
+        return
+    if not os.path.isdir(model_path):
+        raise PresetError(
+            "--model-path",
+            f"{model_path!r} is a file; expected a checkpoint directory (config.json and weights)",
+        )
+    entries = os.listdir(model_path)
+    if not entries:
+        raise PresetError(
+            "--model-path",
+            f"{model_path!r} is an empty directory: the weights are not there "
+            "(did the download run?)",
+        )
+    if "config.json" not in entries:
+        raise PresetError(
+            "--model-path",
+            f"{model_path!r} has no config.json: not a Hugging Face checkpoint directory",
+        )
 
 
 def _check_config(config: ServeConfig) -> None:
@@ -349,7 +387,9 @@ def _check_merged(
     visible: int | None,
     visible_source: str,
     environ: Mapping[str, str],
-) -> None:
+    preview: bool = False,
+) -> list[str]:
+    warnings: list[str] = []
     if "--config" in options:
         raise PresetError(
             "--config",
@@ -362,7 +402,9 @@ def _check_merged(
             f"SGLang --device {requested_device} contradicts the {device} preset; "
             f"choose the preset with `moss-vl serve --device {requested_device}`",
         )
-    check_model_path(_single_value(options, "--model-path"))
+    warning = check_model_path(_single_value(options, "--model-path"), preview)
+    if warning:
+        warnings.append(warning)
 
     prefill = _single_value(options, "--prefill-attention-backend")
     if device == "cuda":
@@ -415,6 +457,7 @@ def _check_merged(
             f"{wanted} needs {tp * pp} accelerators, but {visible} are visible ({visible_source}); "
             "set --tp to the visible count or change the visible devices",
         )
+    return warnings
 
 
 def build_command(
@@ -422,19 +465,22 @@ def build_command(
     visible: int | None = None,
     visible_source: str = "",
     environ: Mapping[str, str] | None = None,
+    preview: bool = False,
 ) -> ServeCommand:
     """The validated SGLang arguments and environment for `config`.
 
     `visible` is the number of accelerators the server would see (None when
     unknowable); it is the tp default and the tp check's reference.
     `environ` is the environment the server inherits (default: os.environ).
+    `preview` (a dry run): a local model path that does not exist here is a
+    warning in the result, not a refusal.
     """
     env_in = os.environ if environ is None else environ
     _check_config(config)
     tp = config.tp if config.tp is not None else (visible or 1)
     options = merge_options(_preset_options(config, tp), parse_extra_args(config.extra_args))
     by_flag = {opt.flag: opt for opt in options}
-    _check_merged(config.device, by_flag, visible, visible_source, env_in)
+    warnings = _check_merged(config.device, by_flag, visible, visible_source, env_in, preview)
 
     argv: list[str] = []
     for opt in options:
@@ -450,4 +496,10 @@ def build_command(
     # out for an A/B run); an empty value would mean "load every plugin".
     if env_in.get("SGLANG_PLUGINS", "").strip():
         env["SGLANG_PLUGINS"] = env_in["SGLANG_PLUGINS"]
-    return ServeCommand(device=config.device, argv=tuple(argv), env=env)
+    return ServeCommand(
+        device=config.device,
+        argv=tuple(argv),
+        env=env,
+        model_path=_single_value(by_flag, "--model-path") or "",
+        warnings=tuple(warnings),
+    )

@@ -5,6 +5,9 @@ sidecar label (configurable); every panel query is valid PromQL once Grafana's
 variables are substituted and uses only series that exist; the panels cover
 SGLang serving (TTFT, ITL, queue, token usage, cache hit rate) and the plugin
 (mask path including dropped, mask build time, visible ratio, encoder cache).
+A `device` variable (the label the ServiceMonitor/PodMonitor add) narrows
+the `pod` variable and every panel, and the latency panels show one line
+per pool.
 """
 
 from __future__ import annotations
@@ -15,7 +18,13 @@ from . import promql
 from .chart_render import CHART, RELEASE, render
 
 DASHBOARD = CHART / "dashboards" / "moss-vl.json"
-GRAFANA_VARS = {"$__rate_interval": "5m", "$__range": "1h", "$namespace": "moss-vl", "$pod": ".*"}
+GRAFANA_VARS = {
+    "$__rate_interval": "5m",
+    "$__range": "1h",
+    "$namespace": "moss-vl",
+    "$device": ".*",
+    "$pod": ".*",
+}
 
 
 def queries() -> list[str]:
@@ -77,3 +86,24 @@ def test_panels_cover_sglang_and_plugin():
         assert name in used, f"no panel shows {name}"
     dropped = [q for q in queries() if 'path="dropped"' in q]
     assert dropped, "the dropped-mask count needs its own panel"
+
+
+def test_device_and_pod_variables_filter_every_panel():
+    dash = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    device = variables["device"]
+    assert "label_values(" in device["query"]["query"] and device["query"]["query"].endswith(
+        ", device)"
+    )
+    assert device["includeAll"] and device["allValue"] == ".*", (
+        "All must also match series without the label"
+    )
+    assert 'device=~"$device"' in variables["pod"]["query"]["query"]
+    names = [v["name"] for v in dash["templating"]["list"]]
+    assert names.index("device") < names.index("pod"), "pod depends on device"
+    for panel in dash["panels"]:
+        for target in panel.get("targets", []):
+            assert 'device=~"$device"' in target["expr"], panel["title"]
+    ttft = next(p for p in dash["panels"] if p["title"] == "Time to first token")
+    for target in ttft["targets"]:
+        assert "sum by (le, device)" in target["expr"] and "{{device}}" in target["legendFormat"]

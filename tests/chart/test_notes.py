@@ -37,10 +37,14 @@ def test_both_pools_with_ingress_and_rwo_warning():
         "ingress.hosts[0].host=llm.example.com",
         "ingress.hosts[0].paths[0].path=/",
         "ingress.hosts[0].paths[0].pathType=Prefix",
+        "cuda.replicas=2",
     )
     assert "huawei.com/Ascend910" in text and "30 min (npu)" in text
     assert "http://llm.example.com/v1/chat/completions" in text
+    assert f"Service {RELEASE}-npu, claim {RELEASE}-npu-models" in text
     assert "ReadWriteOnce" in text
+    # one replica per pool, a claim each: nothing to warn about
+    assert "WARNING" not in notes("devices={cuda,npu}")
 
 
 def test_loadtest_running():

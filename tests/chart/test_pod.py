@@ -12,6 +12,14 @@ Contract:
   read-only; CUDA pods the NVIDIA resource, node selector and toleration;
 - the Ascend image is `<appVersion>-ascend` (the default SGLang line) unless
   `npu.imageTagSuffix` names the other line, which changes no other pool;
+- every pool runs its own image, init container included: the pool's
+  `image` block wins field by field; the shared `image.tag` is a version the
+  pool's suffix is appended to, and neither it nor `image.digest` can give a
+  pool the other device's build (refused at render, naming what to set);
+- per-pool scheduling and metadata: runtimeClassName, schedulerName,
+  priorityClassName, resources merged over server.resources, pod labels and
+  annotations merged over the shared ones; /dev/shm no larger than the memory
+  limit that pays for it;
 - security: non-root, no privilege escalation, all capabilities dropped,
   seccomp RuntimeDefault, read-only root filesystem with writable emptyDirs
   where SGLang writes (/tmp, the cache, /dev/shm in memory);
@@ -32,7 +40,7 @@ import pytest
 
 from moss_vl import environ as moss_env
 
-from .chart_render import RELEASE, container, env_of, pools_of, render
+from .chart_render import RELEASE, container, env_of, pools_of, render, render_error
 
 # Variables the pod may set that moss-vl does not declare, and why.
 THIRD_PARTY_ENV = {
@@ -163,10 +171,19 @@ def test_accelerator_resources_and_placement(rendered, values):
     for device, spec in pods(rendered, values):
         pool = values[device]
         res = container(spec, "server")["resources"]
+        for kind in ("requests", "limits"):
+            expected = {
+                **values["server"]["resources"].get(kind, {}),
+                **pool["resources"].get(kind, {}),
+            }
+            expected[pool["resourceName"]] = pool["count"]
+            assert res[kind] == expected, f"{device} {kind}"
         assert res["limits"][pool["resourceName"]] == pool["count"]
         assert res["requests"][pool["resourceName"]] == pool["count"]
         assert "cpu" not in res["limits"], "no CPU limit on the server (throttling stalls batches)"
-        assert spec["nodeSelector"] == pool["nodeSelector"]
+        assert spec["nodeSelector"] == {
+            k: v for k, v in pool["nodeSelector"].items() if v is not None
+        }
         assert spec.get("tolerations", []) == pool["tolerations"]
         other = {"cuda": "huawei.com/Ascend910", "npu": "nvidia.com/gpu"}[device]
         assert other not in res["limits"]
@@ -314,12 +331,15 @@ def test_download_init_container(rendered, values):
 
 def test_models_volume_source(rendered, values):
     storage = values["model"]["storage"]
-    for _, spec in pods(rendered, values):
+    for device, spec in pods(rendered, values):
         vol = next(v for v in spec["volumes"] if v["name"] == "models")
         if storage["type"] == "hostPath":
             assert vol["hostPath"]["path"] == storage["hostPath"]
         else:
-            expected = storage["existingClaim"] or f"{RELEASE}-models"
+            shared = len(pools_of(values)) == 1 or storage["shared"] or storage["existingClaim"]
+            expected = storage["existingClaim"] or (
+                f"{RELEASE}-models" if shared else f"{RELEASE}-{device}-models"
+            )
             assert vol["persistentVolumeClaim"]["claimName"] == expected
 
 
@@ -343,3 +363,132 @@ def test_topology_spread_defaults_to_pool_selector():
     spec = r.get("Deployment", f"{RELEASE}-cuda")["spec"]["template"]["spec"]
     tsc = spec["topologySpreadConstraints"][0]
     assert tsc["labelSelector"]["matchLabels"]["moss-vl.openmoss.io/device"] == "cuda"
+
+
+def images(r) -> dict[str, set[str]]:
+    """Pool -> the images of its server and init containers."""
+    out = {}
+    for device in ("cuda", "npu"):
+        dep = r.maybe("Deployment", f"{RELEASE}-{device}")
+        if dep:
+            spec = dep["spec"]["template"]["spec"]
+            out[device] = {c["image"] for c in spec["containers"] + spec.get("initContainers", [])}
+    return out
+
+
+def test_every_pool_runs_its_own_image(rendered, values):
+    seen = {}
+    for device, spec in pods(rendered, values):
+        own = values[device]["image"]
+        found = {c["image"] for c in spec["containers"] + spec.get("initContainers", [])}
+        assert len(found) == 1, f"{device}: server and init containers differ: {found}"
+        seen[device] = found.pop()
+        repo = own["repository"] or values["image"]["repository"]
+        assert seen[device].startswith(repo + ("@" if own["digest"] else ":"))
+        if own["digest"]:
+            assert seen[device].endswith("@" + own["digest"])
+        elif not own["tag"]:
+            assert seen[device].endswith("-" + values[device]["imageTagSuffix"])
+        policy = own["pullPolicy"] or values["image"]["pullPolicy"]
+        assert {
+            c["imagePullPolicy"] for c in spec["containers"] + spec.get("initContainers", [])
+        } == {policy}
+    assert len(set(seen.values())) == len(seen), f"two pools share an image: {seen}"
+
+
+def test_shared_tag_is_a_version_each_pool_suffixes():
+    # the issue: --set devices={cuda,npu} --set image.tag=0.1.1 ran 0.1.1 on both pools
+    assert images(render("devices={cuda,npu}", "image.tag=0.1.1")) == {
+        "cuda": {"openmoss/moss-vl:0.1.1-cuda"},
+        "npu": {"openmoss/moss-vl:0.1.1-ascend"},
+    }
+    # a full tag of this pool's build stays as it is (single-pool installs)
+    assert images(render("device=npu", "image.tag=0.1.1-ascend")) == {
+        "npu": {"openmoss/moss-vl:0.1.1-ascend"}
+    }
+
+
+def test_pool_image_blocks_win():
+    digest = "sha256:" + "b" * 64
+    r = render(
+        "devices={cuda,npu}",
+        "image.tag=0.1.1",
+        f"cuda.image.digest={digest}",
+        "npu.image.repository=mirror.example/moss-vl",
+        "npu.image.tag=custom-910b",
+    )
+    assert images(r) == {
+        "cuda": {f"openmoss/moss-vl@{digest}"},
+        "npu": {"mirror.example/moss-vl:custom-910b"},
+    }
+
+
+def test_shared_digest_or_other_pools_tag_is_refused():
+    err = render_error("devices={cuda,npu}", "image.digest=sha256:" + "a" * 64)
+    assert "image.digest names one image" in err
+    assert "set cuda.image.digest and npu.image.digest" in err
+    err = render_error("device=npu", "image.tag=0.2.0-cuda")
+    assert "image.tag=0.2.0-cuda is the cuda build; the npu pool would run it" in err
+    # one pool may still pin the shared digest
+    assert images(render("device=npu", "image.digest=sha256:" + "a" * 64)) == {
+        "npu": {"openmoss/moss-vl@sha256:" + "a" * 64}
+    }
+
+
+def test_per_pool_scheduling_and_metadata():
+    r = render(
+        "devices={cuda,npu}",
+        "priorityClassName=base",
+        "podLabels.team=llm",
+        "podAnnotations.a=shared",
+        "npu.schedulerName=volcano",
+        "npu.runtimeClassName=ascend",
+        "npu.priorityClassName=npu-high",
+        "npu.podLabels.team=ascend",
+        "npu.podAnnotations.b=npu",
+        "npu.resources.limits.memory=128Gi",
+        "npu.resources.requests.cpu=24",
+        "cuda.runtimeClassName=nvidia",
+    )
+    npu = r.get("Deployment", f"{RELEASE}-npu")["spec"]["template"]
+    cuda = r.get("Deployment", f"{RELEASE}-cuda")["spec"]["template"]
+    assert npu["spec"]["schedulerName"] == "volcano" and "schedulerName" not in cuda["spec"]
+    assert (npu["spec"]["runtimeClassName"], cuda["spec"]["runtimeClassName"]) == (
+        "ascend",
+        "nvidia",
+    )
+    assert (npu["spec"]["priorityClassName"], cuda["spec"]["priorityClassName"]) == (
+        "npu-high",
+        "base",
+    )
+    assert (npu["metadata"]["labels"]["team"], cuda["metadata"]["labels"]["team"]) == (
+        "ascend",
+        "llm",
+    )
+    assert (
+        npu["metadata"]["annotations"]["a"] == "shared"
+        and npu["metadata"]["annotations"]["b"] == "npu"
+    )
+    assert "b" not in cuda["metadata"]["annotations"]
+    res = container(npu["spec"], "server")["resources"]
+    assert res["limits"] == {"memory": "128Gi", "huawei.com/Ascend910": 1}
+    assert res["requests"] == {"cpu": 24, "memory": "64Gi", "huawei.com/Ascend910": 1}
+    assert container(cuda["spec"], "server")["resources"]["limits"]["memory"] == "96Gi"
+
+
+def test_pool_resources_cannot_override_the_accelerator():
+    r = render("npu.resources.limits.huawei\\.com/Ascend910=4", "device=npu")
+    res = container(r.get("Deployment", f"{RELEASE}-npu")["spec"]["template"]["spec"], "server")
+    assert res["resources"]["limits"]["huawei.com/Ascend910"] == 1, "count is the one source"
+
+
+def test_shm_cannot_exceed_the_memory_limit():
+    err = render_error("cuda.shmSize=200Gi")
+    assert "cuda.shmSize=200Gi is above the server memory limit 96Gi" in err
+    spec = render("cuda.shmSize=96Gi").get("Deployment", f"{RELEASE}-cuda")["spec"]["template"][
+        "spec"
+    ]
+    assert (
+        next(v for v in spec["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"] == "96Gi"
+    )
+    assert "above 512Gi" in render_error("cuda.shmSize=600Gi", "cuda.resources.limits.memory=1Ti")

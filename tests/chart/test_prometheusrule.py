@@ -7,7 +7,9 @@ availability); each selects this release's server pods and nothing else;
 a dropped cross-attention mask is critical as soon as one happens
 (`increase(...{path="dropped"}[5m]) > 0`); TTFT p95 uses the configured
 threshold (3 s by default); queue growth, KV usage, encoder-cache hit ratio
-and "no ready replica" (critical) are covered.
+and "no ready replica" (critical) are covered. TTFT and "no ready replica"
+are one rule per pool, labelled `device`, selecting that pool's pods or
+Deployment only, so a dead or slow pool fires while the other serves.
 """
 
 from __future__ import annotations
@@ -31,7 +33,13 @@ WITH_RULES = [s for s in SCENARIOS if scenario_values(s)["metrics"]["prometheusR
 
 
 def rules(doc) -> dict[str, dict]:
-    return {r["alert"]: r for g in doc["spec"]["groups"] for r in g["rules"]}
+    """Alert name -> rule; per-pool rules as `<alert>/<device>`."""
+    out = {}
+    for g in doc["spec"]["groups"]:
+        for r in g["rules"]:
+            device = r.get("labels", {}).get("device")
+            out[f"{r['alert']}/{device}" if device else r["alert"]] = r
+    return out
 
 
 @pytest.fixture(params=WITH_RULES)
@@ -64,18 +72,25 @@ def test_expressions_parse_and_use_real_series(case):
 def test_selectors_are_scoped_to_this_release(case):
     all_rules, values = case
     for name, rule in all_rules.items():
+        own = rule.get("labels", {}).get("device")
+        covered = [own] if own else pools_of(values)
+        others = [d for d in ("cuda", "npu") if d not in covered]
         for sel in promql.selectors(rule["expr"]):
             m = promql.matchers(sel)
             assert m["namespace"] == ("=", NAMESPACE), name
             if sel.name.startswith("kube_deployment"):
                 op, value = m["deployment"]
-                for device in pools_of(values):
+                for device in covered:
                     assert re.fullmatch(value, f"{RELEASE}-{device}"), name
+                for device in others:
+                    assert not re.fullmatch(value, f"{RELEASE}-{device}"), name
                 continue
             op, regex = m["pod"]
             assert op == "=~"
-            for device in pools_of(values):
+            for device in covered:
                 assert re.fullmatch(regex, pod_names(device)), f"{name} misses {device} pods"
+            for device in others:
+                assert not re.fullmatch(regex, pod_names(device)), f"{name} also matches {device}"
             for other in (
                 f"{RELEASE}-router-6b7c8d9f5-abcde",
                 f"{RELEASE}-loadtest-worker-5f6d7c8b9-qwert",
@@ -97,16 +112,21 @@ def test_dropped_mask_is_critical(case):
 def test_sglang_alerts(case):
     r, values = case
     cfg = values["metrics"]["prometheusRule"]
-    ttft = r["MossVLTimeToFirstTokenHigh"]
-    assert promql.metric_names(ttft["expr"]) == {"sglang:time_to_first_token_seconds_bucket"}
-    assert "histogram_quantile(0.95" in ttft["expr"]
-    assert ttft["expr"].endswith(f"> {cfg['ttftP95Seconds']}")
+    for device in pools_of(values):
+        ttft = r[f"MossVLTimeToFirstTokenHigh/{device}"]
+        assert promql.metric_names(ttft["expr"]) == {"sglang:time_to_first_token_seconds_bucket"}
+        assert "histogram_quantile(0.95" in ttft["expr"]
+        assert ttft["expr"].endswith(f"> {cfg['ttftP95Seconds']}")
+        no_ready = r[f"MossVLNoReadyReplica/{device}"]
+        assert no_ready["labels"]["severity"] == "critical"
+        assert no_ready["for"] == cfg["noReadyReplicaFor"]
+        assert f'deployment="{RELEASE}-{device}"' in no_ready["expr"]
+    assert not any(
+        k.startswith("MossVLNoReadyReplica/") and k.split("/")[1] not in pools_of(values) for k in r
+    )
     assert promql.metric_names(r["MossVLQueueGrowing"]["expr"]) == {"sglang:num_queue_reqs"}
     assert "deriv(" in r["MossVLQueueGrowing"]["expr"]
     assert promql.metric_names(r["MossVLKVCacheNearlyFull"]["expr"]) == {"sglang:token_usage"}
-    no_ready = r["MossVLNoReadyReplica"]
-    assert no_ready["labels"]["severity"] == "critical"
-    assert no_ready["for"] == cfg["noReadyReplicaFor"]
 
 
 def test_encoder_cache_and_mask_alerts(case):
@@ -128,5 +148,5 @@ def test_thresholds_and_extra_rules_from_values():
         "metrics.prometheusRule.extraRules[0].expr=vector(1)",
     )
     got = rules(r.get("PrometheusRule", RELEASE))
-    assert got["MossVLTimeToFirstTokenHigh"]["expr"].endswith("> 2")
+    assert got["MossVLTimeToFirstTokenHigh/cuda"]["expr"].endswith("> 2")
     assert got["Custom"]["expr"] == "vector(1)"

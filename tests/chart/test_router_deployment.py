@@ -6,7 +6,8 @@ installed into .venv) and means: cache_aware policy, Kubernetes service
 discovery of exactly this release's server pods (the same labels as the
 server Service) in this namespace on the server port, base64-sized payloads,
 the worker API key from the Secret; the router mounts its token (it reads
-pods) and probes /readiness and /liveness.
+pods) and probes /readiness and /liveness. A pool whose weight is 0 is left
+out of the workers (the selector narrows to the other pool).
 """
 
 from __future__ import annotations
@@ -104,3 +105,21 @@ def test_image_is_the_router_image_or_override():
         "router",
     )
     assert c["image"] == "lmsysorg/sglang-router:0.3.2"
+
+
+def test_a_pool_weighing_zero_leaves_the_workers():
+    r = render("router.enabled=true", "devices={cuda,npu}", "npu.weight=0")
+    args = parse_router_args(container(router(r)["spec"]["template"]["spec"], "router")["args"])
+    assert args["selector"] == r.get("Service", f"{RELEASE}-cuda")["spec"]["selector"]
+    assert args["selector"]["moss-vl.openmoss.io/device"] == "cuda"
+
+
+def test_router_repository_override_follows_the_shared_version():
+    r = render(
+        "router.enabled=true", "router.image.repository=mirror.example/moss-vl-router",
+        "image.tag=0.1.1"
+    )
+    c = container(router(r)["spec"]["template"]["spec"], "router")
+    assert c["image"] == "mirror.example/moss-vl-router:0.1.1", (
+        "image.tag is a version, as for the pools"
+    )

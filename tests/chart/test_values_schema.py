@@ -48,9 +48,17 @@ OPEN_OBJECTS = {
         (["npu.resourcename=x"], "at '/npu': additional properties 'resourcename' not allowed"),
         (["devices={cuda,cuda}"], "at '/devices': items at 0 and 1 are equal"),
         (["devices={cuda,tpu}"], "at '/devices/1': value must be one of 'cuda', 'npu'"),
-        (["cuda.count=0"], "at '/cuda/count': minimum: got 0, want 1"),
+        (["cuda.count=0"], "at '/cuda/count': value must be one of 1, 2, 4, 8"),
         (["model.download.repoId=not-a-repo"], "at '/model/download/repoId'"),
         (["model.dir=a/b"], "at '/model/dir'"),
+        (["npu.count=3"], "at '/npu/count': value must be one of 1, 2, 4, 8"),
+        (["npu.count=16"], "at '/npu/count': value must be one of 1, 2, 4, 8"),
+        (["router.maxPayloadSize=1073741824"], "at '/router/maxPayloadSize': maximum"),
+        (["cuda.weight=-1"], "at '/cuda/weight': minimum"),
+        (["npu.runtimeClassName=Bad_Name"], "at '/npu/runtimeClassName'"),
+        (["cuda.image.pullPolicy=Sometimes"], "at '/cuda/image/pullPolicy'"),
+        (["cuda.image.digest=latest"], "at '/cuda/image/digest'"),
+        (["npu.image.bogus=1"], "at '/npu/image': additional properties 'bogus' not allowed"),
     ],
 )
 def test_bad_values_fail_with_schema_message(sets, message):
@@ -124,3 +132,11 @@ def test_docs_generator_refuses_undocumented_keys(tmp_path):
         timeout=60,
     )
     assert proc.returncode == 1 and "no `# --` comment for b" in proc.stderr
+
+
+def test_empty_devices_is_refused_readably():
+    proc = helm(
+        "template", RELEASE, str(CHART), "--set-json", "devices=[]", check=False
+    )
+    assert proc.returncode != 0
+    assert "devices: [] lists no pool; leave devices unset (null)" in proc.stderr

@@ -91,24 +91,67 @@ dropped, order kept), else `[device]`.
 {{- end }}
 
 {{/*
-Server image of a pool: repository:tag or repository@digest; the tag
-defaults to <appVersion>-<imageTagSuffix> (0.1.0-cuda, 0.1.0-ascend).
+Server image of a pool: repository:tag or repository@digest.
+The pool's own `image` block wins field by field. The shared `image` block is
+only a default that cannot hand one pool the other device's build:
+- its tag is a version: the pool's imageTagSuffix is appended
+  (`0.1.1` -> `0.1.1-cuda` / `0.1.1-ascend`); a tag that already ends in this
+  pool's suffix is kept, one that ends in another pool's suffix fails;
+- its digest names one image, so it is refused when several pools deploy.
 Call with (dict "root" $ "device" "npu").
 */}}
 {{- define "moss-vl.image" -}}
-{{- $pool := index .root.Values .device }}
-{{- $img := .root.Values.image }}
-{{- if $img.digest }}
-{{- printf "%s@%s" $img.repository $img.digest }}
+{{- $v := .root.Values }}
+{{- $pool := index $v .device }}
+{{- $own := default (dict) $pool.image }}
+{{- $img := $v.image }}
+{{- $repo := default $img.repository $own.repository }}
+{{- if $own.digest }}
+{{- printf "%s@%s" $repo $own.digest }}
+{{- else if $own.tag }}
+{{- printf "%s:%s" $repo $own.tag }}
+{{- else if $img.digest }}
+{{- $devices := include "moss-vl.devices" .root | fromJsonArray }}
+{{- if gt (len $devices) 1 }}
+{{- fail (printf "image.digest names one image, but pools %s each need their own build: set %s instead" (join ", " $devices) (include "moss-vl.eachPool" (dict "devices" $devices "key" "image.digest"))) }}
+{{- end }}
+{{- printf "%s@%s" $repo $img.digest }}
+{{- else if $img.tag }}
+{{- $suffix := printf "-%s" $pool.imageTagSuffix }}
+{{- if hasSuffix $suffix $img.tag }}
+{{- printf "%s:%s" $repo $img.tag }}
 {{- else }}
-{{- printf "%s:%s" $img.repository (default (printf "%s-%s" .root.Chart.AppVersion $pool.imageTagSuffix) $img.tag) }}
+{{- range $other := list "cuda" "npu" }}
+{{- $otherSuffix := printf "-%s" (index $v $other).imageTagSuffix }}
+{{- if and (ne $other $.device) (hasSuffix $otherSuffix $img.tag) }}
+{{- fail (printf "image.tag=%s is the %s build; the %s pool would run it: set image.tag to a version (the pool suffix is appended) or %s.image.tag" $img.tag $other $.device $.device) }}
+{{- end }}
+{{- end }}
+{{- printf "%s:%s%s" $repo $img.tag $suffix }}
+{{- end }}
+{{- else }}
+{{- printf "%s:%s-%s" $repo .root.Chart.AppVersion $pool.imageTagSuffix }}
 {{- end }}
 {{- end }}
 
-{{/* Router image: images/router (router.image), tagged with the chart's appVersion by default. */}}
+{{/* Pull policy of a pool's image. Call with (dict "root" $ "device" "npu"). */}}
+{{- define "moss-vl.imagePullPolicy" -}}
+{{- $own := default (dict) (index .root.Values .device).image }}
+{{- default .root.Values.image.pullPolicy $own.pullPolicy }}
+{{- end }}
+
+{{/* "cuda.<key> and npu.<key>" for messages. Call with (dict "devices" list "key" "image.digest"). */}}
+{{- define "moss-vl.eachPool" -}}
+{{- $out := list }}
+{{- range .devices }}{{ $out = append $out (printf "%s.%s" . $.key) }}{{ end }}
+{{- join " and " $out }}
+{{- end }}
+
+{{/* Router image: images/router (router.image); its tag defaults to the shared
+version (image.tag, a version as for the pools), else the chart's appVersion. */}}
 {{- define "moss-vl.routerImage" -}}
 {{- $r := .Values.router.image }}
-{{- printf "%s:%s" $r.repository (default .Chart.AppVersion $r.tag) }}
+{{- printf "%s:%s" $r.repository (default (default .Chart.AppVersion .Values.image.tag) $r.tag) }}
 {{- end }}
 
 {{- define "moss-vl.serviceAccountName" -}}
@@ -127,6 +170,58 @@ Call with (dict "root" $ "device" "npu").
 {{/* PVC holding the weights. */}}
 {{- define "moss-vl.modelClaimName" -}}
 {{- default (printf "%s-models" (include "moss-vl.fullname" .)) .Values.model.storage.existingClaim }}
+{{- end }}
+
+{{/* "true" when one weights claim serves every pool: one pool, `model.storage.shared`, or an existing claim. */}}
+{{- define "moss-vl.modelClaimShared" -}}
+{{- $devices := include "moss-vl.devices" . | fromJsonArray }}
+{{- if or (eq (len $devices) 1) .Values.model.storage.shared .Values.model.storage.existingClaim }}true{{ else }}false{{ end }}
+{{- end }}
+
+{{/* Weights claim of one pool. Call with (dict "root" $ "device" "npu"). */}}
+{{- define "moss-vl.poolModelClaimName" -}}
+{{- if eq (include "moss-vl.modelClaimShared" .root) "true" }}
+{{- include "moss-vl.modelClaimName" .root }}
+{{- else }}
+{{- printf "%s-models" (include "moss-vl.poolName" .) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Share of the traffic a pool gets where the chart routes (HTTPRoute
+backendRefs, the router's worker set): `weight`, else the pool's replicas
+(autoscaling: minReplicas), so every replica gets about the same load.
+Call with (dict "root" $ "device" "npu").
+*/}}
+{{- define "moss-vl.poolWeight" -}}
+{{- $pool := index .root.Values .device }}
+{{- if not (kindIs "invalid" $pool.weight) }}{{ $pool.weight | int }}
+{{- else if .root.Values.autoscaling.enabled }}{{ .root.Values.autoscaling.minReplicas | int }}
+{{- else }}{{ include "moss-vl.poolReplicas" . }}{{ end }}
+{{- end }}
+
+{{/* Pools with a weight above 0, as a JSON list. */}}
+{{- define "moss-vl.weightedDevices" -}}
+{{- $out := list }}
+{{- range $d := include "moss-vl.devices" . | fromJsonArray }}
+{{- if gt (include "moss-vl.poolWeight" (dict "root" $ "device" $d) | int) 0 }}{{ $out = append $out $d }}{{ end }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/* Bytes of a Kubernetes quantity ("16Gi", "500M", 1024), as a float. */}}
+{{- define "moss-vl.quantityBytes" -}}
+{{- $q := toString . }}
+{{- $unit := regexReplaceAll "^[0-9.]+" $q "" }}
+{{- $num := regexReplaceAll "[a-zA-Z]+$" $q "" | float64 }}
+{{- $mult := dict "" 1.0 "m" 0.001 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 }}
+{{- mulf $num (get $mult $unit) }}
+{{- end }}
+
+{{/* Server container resources of a pool: server.resources with the pool's `resources` over it. */}}
+{{- define "moss-vl.poolResources" -}}
+{{- $pool := index .root.Values .device }}
+{{- toYaml (mergeOverwrite (deepCopy .root.Values.server.resources) (deepCopy (default (dict) $pool.resources))) }}
 {{- end }}
 
 {{/* Directory the server loads: <mountPath>/<dir>. */}}
@@ -155,6 +250,34 @@ Values the schema cannot express; each failure names the value and the reason.
 {{- if and (eq .Values.model.storage.type "hostPath") (not .Values.model.storage.hostPath) }}
 {{- fail "model.storage.hostPath: required when model.storage.type is hostPath" }}
 {{- end }}
+{{- if and (kindIs "slice" .Values.devices) (eq (len .Values.devices) 0) }}
+{{- fail "devices: [] lists no pool; leave devices unset (null) for one pool of `device`, or list the pools, e.g. devices: [cuda, npu]" }}
+{{- end }}
+{{- $devices := include "moss-vl.devices" . | fromJsonArray }}
+{{- $st := .Values.model.storage }}
+{{- if and (gt (len $devices) 1) (eq $st.type "pvc") (eq (include "moss-vl.modelClaimShared" .) "true") }}
+{{- $rwx := has "ReadWriteMany" $st.accessModes }}
+{{- $rox := and (has "ReadOnlyMany" $st.accessModes) (not .Values.model.download.enabled) }}
+{{- if not (or $rwx $rox) }}
+{{- if $st.existingClaim }}
+{{- fail (printf "model.storage: pools %s would share the existing claim %s, declared %s, which one node at a time can mount: if the claim is ReadWriteMany, say so with model.storage.accessModes=[ReadWriteMany]; otherwise set model.storage.existingClaim=\"\" and the chart creates one claim per pool" (join ", " $devices) $st.existingClaim (join "/" $st.accessModes)) }}
+{{- else }}
+{{- fail (printf "model.storage: pools %s would share the %s claim %s, which one node at a time can mount: set model.storage.accessModes=[ReadWriteMany] (a ReadWriteMany storage class, e.g. NFS or CephFS), or model.storage.shared=false for one claim per pool" (join ", " $devices) (join "/" $st.accessModes) (include "moss-vl.modelClaimName" .)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $d := $devices }}
+{{- $pool := index $.Values $d }}
+{{- $res := include "moss-vl.poolResources" (dict "root" $ "device" $d) | fromYaml }}
+{{- $shm := include "moss-vl.quantityBytes" $pool.shmSize | float64 }}
+{{- $mem := dig "limits" "memory" "" $res }}
+{{- if and $mem (gt $shm (include "moss-vl.quantityBytes" $mem | float64)) }}
+{{- fail (printf "%s.shmSize=%v is above the server memory limit %v: /dev/shm is memory the container is charged for; lower %s.shmSize or raise the memory limit" $d $pool.shmSize $mem $d) }}
+{{- end }}
+{{- if gt $shm (include "moss-vl.quantityBytes" "512Gi" | float64) }}
+{{- fail (printf "%s.shmSize=%v is above 512Gi" $d $pool.shmSize) }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -164,4 +287,9 @@ pool Deployments' pod names (<fullname>-<device>-<replicaset hash>-<suffix>).
 {{- define "moss-vl.promSelector" -}}
 {{- $devices := include "moss-vl.devices" . | fromJsonArray -}}
 namespace="{{ .Release.Namespace }}", pod=~"{{ include "moss-vl.fullname" . }}-({{ join "|" $devices }})-[a-z0-9]+-[a-z0-9]+"
+{{- end }}
+
+{{/* PromQL matchers for one pool's server pods. Call with (dict "root" $ "device" "npu"). */}}
+{{- define "moss-vl.poolPromSelector" -}}
+namespace="{{ .root.Release.Namespace }}", pod=~"{{ include "moss-vl.poolName" . }}-[a-z0-9]+-[a-z0-9]+"
 {{- end }}

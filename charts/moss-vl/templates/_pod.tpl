@@ -12,12 +12,14 @@ so no SGLang flag is spelled here (see src/moss_vl/presets.py).
 {{- $v := $root.Values }}
 {{- $pool := index $v $device }}
 {{- $image := include "moss-vl.image" . }}
+{{- $pullPolicy := include "moss-vl.imagePullPolicy" . }}
+{{- $resources := include "moss-vl.poolResources" . | fromYaml }}
 {{- $modelPath := include "moss-vl.modelPath" $root -}}
 metadata:
   labels:
     {{- include "moss-vl.poolSelectorLabels" . | nindent 4 }}
     {{- include "moss-vl.metaLabels" $root | nindent 4 }}
-    {{- with $v.podLabels }}
+    {{- with merge (dict) (default (dict) $pool.podLabels) $v.podLabels }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
   annotations:
@@ -29,15 +31,21 @@ metadata:
     {{- if and $v.server.apiKey.enabled (not $v.server.apiKey.existingSecret) }}
     checksum/api-key: {{ include (print $root.Template.BasePath "/secret.yaml") $root | sha256sum }}
     {{- end }}
-    {{- with $v.podAnnotations }}
+    {{- with merge (dict) (default (dict) $pool.podAnnotations) $v.podAnnotations }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
 spec:
   serviceAccountName: {{ include "moss-vl.serviceAccountName" $root }}
   # The server never talks to the Kubernetes API.
   automountServiceAccountToken: false
-  {{- with $v.priorityClassName }}
+  {{- with default $v.priorityClassName $pool.priorityClassName }}
   priorityClassName: {{ . }}
+  {{- end }}
+  {{- with $pool.runtimeClassName }}
+  runtimeClassName: {{ . }}
+  {{- end }}
+  {{- with $pool.schedulerName }}
+  schedulerName: {{ . }}
   {{- end }}
   terminationGracePeriodSeconds: {{ $v.shutdown.terminationGracePeriodSeconds }}
   securityContext:
@@ -74,7 +82,7 @@ spec:
     # half-written; a complete directory is left untouched (restarts are free).
     - name: download-model
       image: {{ $image }}
-      imagePullPolicy: {{ $v.image.pullPolicy }}
+      imagePullPolicy: {{ $pullPolicy }}
       command:
         - python3
         - /opt/moss-vl/download/download_model.py
@@ -118,7 +126,7 @@ spec:
   containers:
     - name: server
       image: {{ $image }}
-      imagePullPolicy: {{ $v.image.pullPolicy }}
+      imagePullPolicy: {{ $pullPolicy }}
       ports:
         - name: http
           containerPort: {{ $v.server.port }}
@@ -225,12 +233,12 @@ spec:
         {{- toYaml $v.securityContext | nindent 8 }}
       resources:
         requests:
-          {{- with $v.server.resources.requests }}
+          {{- with omit (default (dict) $resources.requests) $pool.resourceName }}
           {{- toYaml . | nindent 10 }}
           {{- end }}
           {{ $pool.resourceName }}: {{ $pool.count }}
         limits:
-          {{- with $v.server.resources.limits }}
+          {{- with omit (default (dict) $resources.limits) $pool.resourceName }}
           {{- toYaml . | nindent 10 }}
           {{- end }}
           {{ $pool.resourceName }}: {{ $pool.count }}
@@ -264,7 +272,7 @@ spec:
         type: {{ ternary "DirectoryOrCreate" "Directory" $v.model.download.enabled }}
       {{- else }}
       persistentVolumeClaim:
-        claimName: {{ include "moss-vl.modelClaimName" $root }}
+        claimName: {{ include "moss-vl.poolModelClaimName" . }}
       {{- end }}
     - name: dshm
       emptyDir:

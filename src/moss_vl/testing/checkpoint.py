@@ -99,6 +99,37 @@ TINY_VISION = {
 # Pixel bounds that keep encoder sequences short: 64..1024 patches per image.
 TINY_IMAGE_PROCESSOR = {"min_pixels": 64 * 16 * 16, "max_pixels": 1024 * 16 * 16}
 
+# MOSS-VL-Instruct-0708's published architecture (REFERENCE.md): 11.34 B parameters,
+# ~21 GiB in bf16. Random weights of these shapes cost a GPU what trained ones do.
+FULL_TEXT = {
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 262144,
+    "cross_attention_layers": list(range(2, 48, 4)),
+}
+FULL_VISION = {
+    "depth": 27,
+    "hidden_size": 1152,
+    "intermediate_size": 4304,
+    "num_heads": 16,
+    "num_position_embeddings": 2304,
+    "deepstack_visual_indexes": [8, 16, 24],
+}
+# Up to 4096 patches: a 1024x1024 image is 64x64 patches, 1024 encoder tokens + 1.
+FULL_IMAGE_PROCESSOR = {"min_pixels": 64 * 16 * 16, "max_pixels": 4096 * 16 * 16}
+SIZES = {
+    "tiny": {},
+    "full": {"text_config": FULL_TEXT, "vision_config": FULL_VISION,
+             "image_processor": FULL_IMAGE_PROCESSOR},
+}
+# Shards as published checkpoints cut them; one shard is the most host memory
+# the writer holds at a time.
+SHARD_BYTES = 4 * 2**30
+
 _OVERRIDE_GROUPS = ("text_config", "vision_config", "image_processor")
 
 
@@ -233,20 +264,23 @@ def checkpoint_shapes(config: configuration_moss_vl.MossVLConfig) -> dict[str, t
 def random_weights(config, seed: int = 0) -> dict[str, torch.Tensor]:
     """bf16 tensors for `checkpoint_shapes(config)`: N(0, 0.02) matrices, unit norms, zero biases."""
     generator = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name, shape in checkpoint_shapes(config).items():
-        if _is_norm(name):
-            value = torch.ones(shape) if name.endswith(".weight") else torch.zeros(shape)
-        elif name.endswith("_gate"):
-            # Upstream initialises the tanh gates at 0, which would switch
-            # cross-attention off; a trained model has them open.
-            value = torch.full(shape, 0.5)
-        elif name.endswith(".bias"):
-            value = torch.zeros(shape)
-        else:
-            value = torch.randn(shape, generator=generator) * 0.02
-        tensors[name] = value.to(torch.bfloat16).contiguous()
-    return tensors
+    return {name: _random_tensor(name, shape, generator)
+            for name, shape in checkpoint_shapes(config).items()}
+
+
+def _random_tensor(name: str, shape, generator: torch.Generator) -> torch.Tensor:
+    device = generator.device
+    if _is_norm(name):
+        value = (torch.ones if name.endswith(".weight") else torch.zeros)(shape, device=device)
+    elif name.endswith("_gate"):
+        # Upstream initialises the tanh gates at 0, which would switch
+        # cross-attention off; a trained model has them open.
+        value = torch.full(shape, 0.5, device=device)
+    elif name.endswith(".bias"):
+        value = torch.zeros(shape, device=device)
+    else:
+        value = torch.randn(shape, generator=generator, device=device) * 0.02
+    return value.to(torch.bfloat16).contiguous()
 
 
 def _is_norm(name: str) -> bool:
@@ -387,3 +421,66 @@ def write_tiny_checkpoint(path, *, seed: int = 0, **overrides) -> Path:
     # safetensors writes 0600; the serving images read the model as another uid.
     weights.chmod(0o644)
     return path
+
+
+def write_checkpoint(path, *, size: str = "tiny", seed: int = 0, device: str = "cpu",
+                     shard_bytes: int = SHARD_BYTES, **overrides) -> Path:
+    """Write a MOSS-VL checkpoint of a named size (`SIZES`), sharded like published ones.
+
+    Tensors are drawn on `device` (a GPU draws the 11 B full size in seconds) and
+    written shard by shard with a `model.safetensors.index.json`, so host memory
+    never holds more than one shard. The tiny size keeps its single file.
+    """
+    if size not in SIZES:
+        raise ValueError(f"size {size!r}: expected one of {', '.join(SIZES)}")
+    overrides = {**copy.deepcopy(SIZES[size]), **overrides}
+    if size == "tiny":
+        return write_tiny_checkpoint(path, seed=seed, **overrides)
+    path = write_config_only(path, **overrides)
+    config_overrides, _ = _split_overrides(copy.deepcopy(overrides))
+    write_sharded_weights(path, tiny_config(**config_overrides), seed=seed, device=device,
+                          shard_bytes=shard_bytes)
+    return path
+
+
+def write_sharded_weights(path, config, *, seed: int = 0, device: str = "cpu",
+                          shard_bytes: int = SHARD_BYTES) -> dict[str, str]:
+    """Random weights as `model-XXXXX-of-YYYYY.safetensors` plus their index; the weight map.
+
+    Drawn in `checkpoint_shapes` order from one generator, so on the CPU the
+    tensors equal `random_weights(config, seed)`.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    shapes = checkpoint_shapes(config)
+    shards: list[list[str]] = [[]]
+    shard_size = 0
+    for name, shape in shapes.items():
+        nbytes = _numel(shape) * 2
+        if shards[-1] and shard_size + nbytes > shard_bytes:
+            shards.append([])
+            shard_size = 0
+        shards[-1].append(name)
+        shard_size += nbytes
+    generator = torch.Generator(device=device).manual_seed(seed)
+    weight_map = {}
+    for index, names in enumerate(shards, start=1):
+        file_name = f"model-{index:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {n: _random_tensor(n, shapes[n], generator).cpu() for n in names}
+        save_file(tensors, str(path / file_name), metadata={"format": "pt"})
+        (path / file_name).chmod(0o644)
+        weight_map.update(dict.fromkeys(names, file_name))
+        del tensors
+    _write_json(path / "model.safetensors.index.json", {
+        "metadata": {"total_size": sum(_numel(s) * 2 for s in shapes.values())},
+        "weight_map": weight_map,
+    })
+    return weight_map
+
+
+def _numel(shape) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count

@@ -2,9 +2,12 @@
 
 Exercises the vision path, not only text: the request has a text part and an
 `image_url` part holding a small PNG as a base64 data URI, the way OpenAI
-clients send local images. Passes (exit 0) when the endpoint answers 200 with
-at least one choice whose message has text; otherwise exits 1 and says what
-came back. Standard library only (it runs in the stock Locust image).
+clients send local images. The same question is first asked without the
+image; the image must make the prompt longer by at least --min-image-tokens
+(`usage.prompt_tokens`), so an endpoint that drops the image part fails.
+Passes (exit 0) when both answer 200 and the image request has a choice whose
+message has text; otherwise exits 1 and says what came back. Standard library
+only (it runs in the stock Locust image).
 
 Usage: chat_png.py --url http://<service>:30000 --model moss-vl [--timeout 300]
 MOSS_VL_API_KEY, when set, is sent as a bearer token.
@@ -53,22 +56,32 @@ def png_bytes(width: int = 64, height: int = 64) -> bytes:
     )
 
 
-def request_body(model: str) -> dict:
-    data_uri = "data:image/png;base64," + base64.b64encode(png_bytes()).decode("ascii")
+def request_body(model: str, with_image: bool = True) -> dict:
+    content: list[dict] = []
+    if with_image:
+        data_uri = "data:image/png;base64," + base64.b64encode(png_bytes()).decode("ascii")
+        content.append({"type": "image_url", "image_url": {"url": data_uri}})
+    content.append({"type": "text", "text": QUESTION})
     return {
         "model": model,
-        "messages": [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image_url", "image_url": {"url": data_uri}},
-                    {"type": "text", "text": QUESTION},
-                ],
-            }
-        ],
+        "messages": [{"role": "user", "content": content}],
         "max_tokens": 16,
         "temperature": 0,
     }
+
+
+def prompt_tokens(raw: bytes) -> int:
+    """`usage.prompt_tokens` of a completion; raises ValueError when absent."""
+    try:
+        usage = json.loads(raw).get("usage") or {}
+    except (json.JSONDecodeError, AttributeError):
+        usage = {}
+    tokens = usage.get("prompt_tokens")
+    if not isinstance(tokens, int):
+        raise ValueError(
+            "response has no usage.prompt_tokens: cannot tell whether the image reached the model"
+        )
+    return tokens
 
 
 def check_response(status: int, raw: bytes) -> str:
@@ -103,6 +116,26 @@ def post(url: str, body: dict, api_key: str, timeout: float) -> tuple[int, bytes
         return exc.code, exc.read()
 
 
+def post_with_retries(
+    endpoint: str, body: dict, api_key: str, args: argparse.Namespace
+) -> tuple[int, bytes] | str:
+    """(status, body) of the first answer below 500, or the last error as text."""
+    last_error = ""
+    for attempt in range(1, args.attempts + 1):
+        try:
+            status, raw = post(endpoint, body, api_key, args.timeout)
+        except OSError as exc:  # connection refused, reset, timeout
+            last_error = f"{endpoint}: {exc}"
+        else:
+            if status < 500:
+                return status, raw
+            last_error = f"{endpoint}: HTTP {status}: {raw[:300].decode('utf-8', 'replace')}"
+        print(f"attempt {attempt}/{args.attempts} failed: {last_error}", file=sys.stderr)
+        if attempt < args.attempts:
+            time.sleep(args.retry_delay * attempt)
+    return last_error
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True, help="base URL of the OpenAI-compatible endpoint")
@@ -112,32 +145,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--retry-delay", type=float, default=5.0, help="seconds before retry n is n x this"
     )
+    parser.add_argument(
+        "--min-image-tokens",
+        type=int,
+        default=1,
+        help="prompt tokens the image must add to the text-only prompt",
+    )
     args = parser.parse_args(argv)
 
     endpoint = args.url.rstrip("/") + "/v1/chat/completions"
-    body = request_body(args.model)
     api_key = os.environ.get("MOSS_VL_API_KEY", "")
-    last_error = ""
-    for attempt in range(1, args.attempts + 1):
+    answers = {}
+    for name, with_image in (("text-only", False), ("image", True)):
+        got = post_with_retries(endpoint, request_body(args.model, with_image), api_key, args)
+        if isinstance(got, str):
+            print(f"FAIL {got}", file=sys.stderr)
+            return 1
+        status, raw = got
         try:
-            status, raw = post(endpoint, body, api_key, args.timeout)
-        except OSError as exc:  # connection refused, reset, timeout
-            last_error = f"{endpoint}: {exc}"
-        else:
-            if status < 500:
-                try:
-                    content = check_response(status, raw)
-                except ValueError as exc:
-                    print(f"FAIL {endpoint}: {exc}", file=sys.stderr)
-                    return 1
-                print(f"OK {endpoint} answered the image question: {content.strip()!r}")
-                return 0
-            last_error = f"{endpoint}: HTTP {status}: {raw[:300].decode('utf-8', 'replace')}"
-        print(f"attempt {attempt}/{args.attempts} failed: {last_error}", file=sys.stderr)
-        if attempt < args.attempts:
-            time.sleep(args.retry_delay * attempt)
-    print(f"FAIL {last_error}", file=sys.stderr)
-    return 1
+            content = check_response(status, raw)
+            answers[name] = (prompt_tokens(raw), content)
+        except ValueError as exc:
+            print(f"FAIL {endpoint} ({name} request): {exc}", file=sys.stderr)
+            return 1
+    (text_tokens, _), (image_tokens, content) = answers["text-only"], answers["image"]
+    added = image_tokens - text_tokens
+    if added < args.min_image_tokens:
+        print(
+            f"FAIL {endpoint}: the image added {added} prompt tokens ({text_tokens} without it, "
+            f"{image_tokens} with it; expected at least {args.min_image_tokens}): "
+            "the image part did not reach the model",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"OK {endpoint} answered the image question: {content.strip()!r} "
+        f"(the image added {added} prompt tokens)"
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Workloads shaped like real MOSS-VL prompts, against a running server: TTFT and decode rates.
+
+Used by run-full-scale.sh on the H200 (the 11B architecture with random weights);
+standard library plus Pillow (both on the GPU image). Every request is an OpenAI
+chat completion, streamed, so TTFT is what a client sees.
+
+  single-image   one 1024x1024 image and a question
+  multi-turn     a 4-turn chat, an image (768x768) added in every user turn
+  video          64 frames of 448x448, each behind its timestamp text, as MOSS-VL
+                 lays a sampled video out, then the question
+  text           ~3,400 tokens of text, no image
+  mixed-decode   half text-only, half single-image requests at once, 128 tokens
+                 each with ignore_eos: the decode batch mixes both kinds
+
+For each workload and concurrency: TTFT p50/p95, prefill tokens/s (prompt tokens
+over TTFT at concurrency 1), decode tokens/s per request (tokens after the first
+over the time after the first), aggregate output tokens/s, and the greedy tokens of
+each request (to compare variants). Images differ per request (a seed per request)
+so that every request encodes its own images, as distinct users' do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import http.client
+import io
+import json
+import statistics
+import sys
+import threading
+import time
+import urllib.parse
+
+WORKLOADS = ("single-image", "multi-turn", "video", "text", "mixed-decode")
+
+
+def image_uri(width: int, height: int, seed: int) -> str:
+    import random
+
+    from PIL import Image
+
+    rng = random.Random(seed)
+    # Blocks of colour, not noise: JPEG sizes stay realistic (noise would be 10x larger).
+    img = Image.new("RGB", (width, height))
+    step = 32
+    for y in range(0, height, step):
+        for x in range(0, width, step):
+            img.paste((rng.randrange(256), rng.randrange(256), rng.randrange(256)),
+                      (x, y, min(x + step, width), min(y + step, height)))
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=90)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def image(width, height, seed):
+    return {"type": "image_url", "image_url": {"url": image_uri(width, height, seed)}}
+
+
+def text(t):
+    return {"type": "text", "text": t}
+
+
+def messages_for(workload: str, seed: int) -> list[dict]:
+    question = f"Request {seed}: describe what you see in detail, then summarise it."
+    if workload == "single-image":
+        return [{"role": "user", "content": [image(1024, 1024, seed), text(question)]}]
+    if workload == "multi-turn":
+        msgs = []
+        for turn in range(4):
+            msgs.append({"role": "user",
+                         "content": [image(768, 768, seed * 10 + turn), text(f"Turn {turn}: {question}")]})
+            if turn < 3:
+                msgs.append({"role": "assistant", "content": f"Answer {turn}: " + "w " * 40})
+        return msgs
+    if workload == "video":
+        parts = []
+        for frame in range(64):
+            parts.append(text(f"<|time_start|>{frame * 0.5:.1f} seconds<|time_end|>"))
+            parts.append(image(448, 448, seed * 100 + frame))
+        parts.append(text(question))
+        return [{"role": "user", "content": parts}]
+    if workload == "text":
+        body = " ".join(f"word{(seed * 7919 + i) % 1000}" for i in range(420))
+        return [{"role": "user", "content": body + "\n" + question}]
+    raise ValueError(workload)
+
+
+class Client:
+    def __init__(self, url: str, model: str, timeout: float):
+        parts = urllib.parse.urlsplit(url)
+        self.host, self.port = parts.hostname, parts.port or 80
+        self.model, self.timeout = model, timeout
+
+    def stream(self, messages, max_tokens: int, ignore_eos: bool = False) -> dict:
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
+                "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        if ignore_eos:
+            body["ignore_eos"] = True
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        start = time.perf_counter()
+        conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            detail = resp.read()[:300]
+            conn.close()
+            return {"status": resp.status, "error": detail.decode(errors="replace")}
+        first = last = None
+        pieces, usage = [], None
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            event = json.loads(data)
+            if event.get("usage"):
+                usage = event["usage"]
+            for choice in event.get("choices", []):
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+                    pieces.append(piece)
+        conn.close()
+        end = time.perf_counter()
+        usage = usage or {}
+        out = usage.get("completion_tokens") or 0
+        return {
+            "status": 200,
+            "ttft_s": (first - start) if first else None,
+            "e2e_s": end - start,
+            "decode_tok_s": ((out - 1) / (last - first)) if first and last and last > first and out > 1 else None,
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": out,
+            "text": "".join(pieces),
+        }
+
+
+def run(client: Client, workload: str, concurrency: int, rounds: int, max_tokens: int,
+        seed0: int) -> dict:
+    results: list[dict] = []
+    lock = threading.Lock()
+
+    def one(seed: int, kind: str):
+        msgs = messages_for(kind, seed)
+        r = client.stream(msgs, max_tokens, ignore_eos=(workload == "mixed-decode"))
+        r["seed"], r["kind"] = seed, kind
+        with lock:
+            results.append(r)
+
+    wall_start = time.perf_counter()
+    for rnd in range(rounds):
+        threads = []
+        for i in range(concurrency):
+            seed = seed0 + rnd * concurrency + i
+            kind = workload
+            if workload == "mixed-decode":
+                kind = "text" if i % 2 == 0 else "single-image"
+            threads.append(threading.Thread(target=one, args=(seed, kind)))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    wall = time.perf_counter() - wall_start
+    ok = [r for r in results if r["status"] == 200 and r["ttft_s"] is not None]
+    ttfts = sorted(r["ttft_s"] for r in ok)
+
+    def pct(values, q):
+        if not values:
+            return None
+        return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+    decode = [r["decode_tok_s"] for r in ok if r["decode_tok_s"]]
+    summary = {
+        "workload": workload, "concurrency": concurrency, "requests": len(results),
+        "ok": len(ok), "errors": [r.get("error") for r in results if r["status"] != 200][:3],
+        "ttft_p50_ms": round(1000 * pct(ttfts, 0.5), 1) if ttfts else None,
+        "ttft_p95_ms": round(1000 * pct(ttfts, 0.95), 1) if ttfts else None,
+        "prompt_tokens_p50": statistics.median([r["prompt_tokens"] or 0 for r in ok]) if ok else None,
+        "prefill_tok_s_p50": (statistics.median([(r["prompt_tokens"] or 0) / r["ttft_s"] for r in ok])
+                              if ok else None),
+        "decode_tok_s_p50": round(statistics.median(decode), 1) if decode else None,
+        "output_tok_s": round(sum(r["completion_tokens"] for r in ok) / wall, 1),
+        "tokens": {f"{r['kind']}:{r['seed']}": r["text"] for r in ok},
+    }
+    return summary
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:30000")
+    parser.add_argument("--model", default="moss-vl")
+    parser.add_argument("--variant", required=True)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--decode-tokens", type=int, default=128)
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--deadline", type=float, default=0,
+                        help="unix time after which no new measurement starts")
+    parser.add_argument("--out", required=True, help="JSON lines file to append to")
+    args = parser.parse_args(argv)
+    client = Client(args.url, args.model, args.timeout)
+    # Warm-up: kernels and graphs a workload needs first are compiled outside the window.
+    for workload in args.workloads.split(","):
+        kind = "single-image" if workload == "mixed-decode" else workload
+        client.stream(messages_for(kind, 999_999), 4)
+    with open(args.out, "a") as out:
+        for workload in args.workloads.split(","):
+            for conc in (int(c) for c in args.concurrency.split(",")):
+                if args.deadline and time.time() > args.deadline:
+                    print(f"deadline: skipping {workload} at concurrency {conc}", flush=True)
+                    continue
+                max_tokens = args.decode_tokens if workload == "mixed-decode" else args.max_tokens
+                summary = run(client, workload, conc, args.rounds, max_tokens, seed0=1000 * conc)
+                summary["variant"] = args.variant
+                out.write(json.dumps(summary) + "\n")
+                out.flush()
+                brief = {k: v for k, v in summary.items() if k != "tokens"}
+                print(json.dumps(brief), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

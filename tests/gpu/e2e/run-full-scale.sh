@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Full scale on the H200: the 11B MOSS-VL architecture with random weights, served
+# by the real SGLang 0.5.17 through `moss-vl serve --device cuda` (CUDA graphs on),
+# measured with bench_serving.py, plugin off and plugin on, the server restarted
+# per variant. Results: $OUT/full-scale.log, full-scale.jsonl, logs.tar.gz.
+#
+# usage, from the repository root on the H200, after install.sh (batch a) and
+# run-e2e.sh (batches b, c) ran on the same warm machine:
+#   bash tests/gpu/e2e/run-full-scale.sh
+# E2E_BUDGET_S (570) bounds the whole run; FULL_VARIANTS (staircase,plugin_off)
+# and FULL_WORKLOADS pick what runs.
+set -uo pipefail
+cd "$(dirname "$0")/../../.." || exit 2
+# shellcheck source=tests/gpu/e2e/lib.sh
+source tests/gpu/e2e/lib.sh
+
+FULL_MODEL=${FULL_MODEL:-/tmp/moss-vl-full}
+JSONL=$WORK/full-scale.jsonl
+FULL_VARIANTS=${FULL_VARIANTS:-staircase,plugin_off}
+# The published model's serving flags (REFERENCE.md), CUDA graphs kept; the
+# three backend flags are the H200 batch's limits (lib.sh says why).
+SERVE_ARGS=(
+    --device cuda --model-path "$FULL_MODEL" --served-model-name moss-vl --port "$PORT"
+    --mem-fraction-static 0.6 --context-length 32768
+)
+SGLANG_ARGS=(
+    --attention-backend flashinfer --mm-attention-backend triton_attn
+    --sampling-backend pytorch --cuda-graph-max-bs 16 --skip-server-warmup
+)
+
+full() {
+    step "install (batches already on this machine)"
+    install_batches || return 3
+    env_setup
+    stop_stale_server
+    rm -f "$JSONL"
+
+    step "full-size checkpoint (random weights drawn on the GPU, written shard by shard)"
+    if [ ! -f "$FULL_MODEL/model.safetensors.index.json" ]; then
+        /usr/bin/time -f "checkpoint: %e s, max RSS %M KiB" timeout 240 \
+            python3 -m moss_vl.testing "$FULL_MODEL" --size full --device cuda || return 1
+    fi
+    du -sh "$FULL_MODEL"
+
+    local variant env_args
+    for variant in ${FULL_VARIANTS//,/ }; do
+        case $variant in
+            plugin_off) env_args=(SGLANG_PLUGINS=none) ;;
+            mask) env_args=(MOSS_VL_CROSS_ATTN_PLAN=mask) ;;
+            *) env_args=() ;;
+        esac
+        if [ "$(remaining)" -lt 150 ]; then
+            echo "skipping $variant: $(remaining) s left"
+            continue
+        fi
+        step "server: $variant"
+        start_server "full-$variant" "${env_args[@]}" || return 1
+        wait_healthy "full-$variant" "$(at_least_10 $(( $(remaining) - 60 )))" || return 1
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader | sed "s/^/$variant memory.used: /"
+        step "workloads: $variant"
+        timeout "$(at_least_10 $(( $(remaining) - 30 )))" python3 tests/gpu/e2e/bench_serving.py \
+            --variant "$variant" --workloads "${FULL_WORKLOADS:-single-image,video,text,mixed-decode}" \
+            --concurrency 1,8 --rounds 2 --out "$JSONL" --deadline $(( E2E_DEADLINE - 60 ))
+        curl -s "$URL/metrics" | grep -E '^moss_vl:(mask_bytes|cross_attention_mask_path)' \
+            | sed "s/^/$variant /" >>"$WORK/metrics.txt"
+        stop_server
+    done
+    cp "$JSONL" "$OUTDIR/full-scale.jsonl" 2>/dev/null
+    true
+}
+
+e2e_main full full-scale.log "${E2E_BUDGET_S:-570}"
