@@ -103,12 +103,26 @@ EXTERNAL_IMAGES = {
 }
 
 
-def _image_dockerfile(image: str) -> Path | None:
-    repo, _, tag = image.rpartition(":") if ":" in image.split("/")[-1] else (image, "", "")
-    if repo == "openmoss/moss-vl-router":
+def _split_ref(image: str) -> tuple[str, str]:
+    """(repository, tag) of an image reference; a digest reference has no tag."""
+    ref = image.split("@", 1)[0]
+    last = ref.split("/")[-1]
+    if ":" in last:
+        repo, _, tag = ref.rpartition(":")
+        return repo, tag
+    return ref, ""
+
+
+def _image_dockerfile(image: str, device: str = "") -> Path | None:
+    """Our Dockerfile for IMAGE, under any registry (a mirror of our build);
+    a tag-less (digest) reference of the server image takes the pod's DEVICE."""
+    repo, tag = _split_ref(image)
+    name = repo.split("/")[-2:] if "/" in repo else [repo]
+    if name == ["openmoss", "moss-vl-router"]:
         return REPO / "images" / "router" / "Dockerfile"
-    if repo == "openmoss/moss-vl":
-        return REPO / "images" / ("ascend" if "ascend" in tag else "cuda") / "Dockerfile"
+    if name == ["openmoss", "moss-vl"]:
+        ascend = "ascend" in tag if tag else device == "npu"
+        return REPO / "images" / ("ascend" if ascend else "cuda") / "Dockerfile"
     return None
 
 
@@ -120,9 +134,9 @@ def _json_list(value: str) -> list[str]:
     return ["/bin/sh", "-c", value]
 
 
-def image_config(image: str) -> ImageConfig:
+def image_config(image: str, device: str = "") -> ImageConfig:
     """The runtime side of IMAGE: parsed from its Dockerfile's final stage."""
-    dockerfile = _image_dockerfile(image)
+    dockerfile = _image_dockerfile(image, device)
     if dockerfile is None:
         name = image.rsplit(":", 1)[0].split("@")[0]
         if name in EXTERNAL_IMAGES:
@@ -171,7 +185,9 @@ def image_config(image: str) -> ImageConfig:
     elif dockerfile.parent.name == "router":
         lock = str(dockerfile.parent / "requirements.lock")
     elif dockerfile.parent.name == "ascend":
-        line = parser.args.get("SGLANG_LINE", "")
+        # The tag names a non-default line (`...-ascend-sglang0.5.23`).
+        tag = _split_ref(image)[1]
+        line = tag.rsplit("sglang", 1)[1] if "sglang" in tag else parser.args.get("SGLANG_LINE", "")
         lock = str(dockerfile.parent / f"sglang-{line}" / "requirements-x86_64.lock")
     return ImageConfig(
         env=dict(parser.envs), entrypoint=entrypoint, cmd=cmd, workdir=workdir, user=user,
@@ -356,7 +372,9 @@ def contract(objects: list[dict], workload: dict, container_name: str, *, state:
         raise KeyError(f"{workload['kind']}/{workload['metadata']['name']} has no container "
                        f"{container_name!r}; it has {names}")
     c = found[0]
-    image = image_config(c["image"])
+    device = next((e.get("value", "") for _, x in containers(spec) for e in x.get("env", [])
+                   if e["name"] == "MOSS_VL_DEVICE"), "")
+    image = image_config(c["image"], device)
 
     env = {**{k: v for k, v in BASE_IMAGE_ENV.get(_base_of(image), {}).items()}, **image.env}
     automount = spec.get("automountServiceAccountToken", True) is not False
@@ -799,7 +817,7 @@ def main(argv=None) -> int:
         ct.env[k] = v
     if a.hosts:
         ct.hosts = service_hosts(objects)
-    image = image_config(ct.image)
+    image = image_config(ct.image, ct.env.get("MOSS_VL_DEVICE", ""))
     print(describe(ct), flush=True)
     python = str(venv / "bin" / "python")
     print(format_lock_report(image.lock, lock_report(image.lock, python)), flush=True)

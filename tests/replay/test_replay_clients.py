@@ -58,19 +58,29 @@ def client_contract(objects, kind, name, container, state, netns):
 def test_helm_test_pod(scenario, state, netns, tmp_path):
     objects = rendered(scenario)
     key = api_key(objects)
+    pods = [o["metadata"]["name"] for o in objects if o["kind"] == "Pod"]
+    assert pods, f"{scenario}: no helm test pod rendered"
     log = open(tmp_path / "fixture.log", "w")
     fixture = start_fixture(netns, 30000, key, log)
+    results = {}
     try:
-        ct = client_contract(objects, "Pod", "moss-vl-test-chat", "chat-png", state, netns)
-        assert ct.uid == 1000 and ct.read_only_root
-        assert any(a.startswith("--url=http://moss-vl.moss-vl.svc:30000") for a in ct.argv)
-        proc = replay.run(ct, state, timeout=120, capture_output=True, text=True)
+        for name in pods:
+            (state / name).mkdir()
+            ct = client_contract(objects, "Pod", name, "chat-png", state / name, netns)
+            assert ct.uid == 1000 and ct.read_only_root
+            url = next(a.split("=", 1)[1] for a in ct.argv if a.startswith("--url="))
+            host = url.split("//", 1)[1].split(":", 1)[0]
+            assert host in ct.hosts, f"{name}: {url} names no rendered Service"
+            assert url.endswith(":30000"), url  # the fixture stands behind every Service port
+            if key:
+                assert ct.env.get("MOSS_VL_API_KEY") == key
+            results[name] = (replay.run(ct, state / name, timeout=120, capture_output=True,
+                                        text=True), replay.describe(ct))
     finally:
         stop(fixture)
         log.close()
-    assert proc.returncode == 0, f"{replay.describe(ct)}\n{proc.stdout}\n{proc.stderr}"
-    if key:
-        assert ct.env.get("MOSS_VL_API_KEY") == key
+    for name, (proc, desc) in results.items():
+        assert proc.returncode == 0, f"{name}\n{desc}\n{proc.stdout}\n{proc.stderr}"
 
 
 def test_loadtest_master_and_worker(state, netns, tmp_path):
