@@ -85,6 +85,9 @@ class Netns:
 
 @pytest.fixture
 def netns():
+    missing = [t for t in ("ip", "nsenter") if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"replay: {', '.join(missing)} not found (iproute2, util-linux)")
     ns = Netns()
     yield ns
     ns.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -92,6 +93,8 @@ def post_chat(netns, url, key, n):
 
 
 @pytest.mark.skipif(not ROUTER_PKG.is_dir(), reason=f"{ROUTER_PKG} missing: run `make chart-tools`")
+@pytest.mark.skipif(not all(shutil.which(t) for t in ("ip", "nsenter", "openssl")),
+                    reason="replay: ip, nsenter or openssl not found")
 def test_router_discovers_and_routes_to_worker_pods(state, tmp_path):
     objects = [*replay.render([CI["router-hpa"]]), *EXISTING["router-hpa"]]
     deployment = replay.find(objects, "Deployment", "moss-vl-router")
