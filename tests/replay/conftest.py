@@ -116,3 +116,15 @@ def wait_http(netns: Netns, url: str, timeout: float = 60, proc=None) -> None:
             return
         time.sleep(0.5)
     raise AssertionError(f"{url} did not answer within {timeout} s")
+
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How the local Python that stands in for the images compares with their
+    locks, once per run (the replay says nothing about a package that differs)."""
+    if CANNOT is not None:
+        return
+    for ref in ("openmoss/moss-vl:0.1.0-cuda", "openmoss/moss-vl:0.1.0-ascend"):
+        image = replay.image_config(ref)
+        text = replay.format_lock_report(image.lock, replay.lock_report(image.lock))
+        terminalreporter.write_line(f"replay, {ref}: {text}")

@@ -528,8 +528,12 @@ def local_venv() -> Path:
 def lock_report(lock: str, python: str | None = None) -> list[tuple[str, str, str, bool]]:
     """(package, image lock, stand-in, same) for LOCKED_PACKAGES and moss-vl."""
     pins: dict[str, str] = {}
-    if lock and Path(lock).is_file():
-        for line in Path(lock).read_text().splitlines():
+    files = [Path(lock)] if lock else []
+    if lock and Path(lock).name.startswith("requirements-"):
+        # Ascend: SGLang has its own lock next to the NPU set (installed --no-deps).
+        files.append(Path(lock).with_name(Path(lock).name.replace("requirements-", "sglang-")))
+    for path in (f for f in files if f.is_file()):
+        for line in path.read_text().splitlines():
             m = re.match(r"^([A-Za-z0-9_.-]+)==([^\s;\\]+)", line)
             if m:
                 pins[m.group(1).lower().replace("_", "-")] = m.group(2)
@@ -541,8 +545,10 @@ def lock_report(lock: str, python: str | None = None) -> list[tuple[str, str, st
             "print(json.dumps(out))")
     # The packages that matter and this image locks (the router image: sglang-router);
     # moss-vl where the image builds it from src/.
-    names = [n for n in (*LOCKED_PACKAGES, "sglang-router") if n in pins] or list(LOCKED_PACKAGES)
-    if "router" not in str(lock):
+    router = "router" in str(lock)
+    wanted = ("sglang-router",) if router else LOCKED_PACKAGES
+    names = [n for n in wanted if n in pins] or list(wanted)
+    if not router:
         names.append("moss-vl")
     got = json.loads(subprocess.run([python or sys.executable, "-c", code, *names],
                                     capture_output=True, text=True, check=True).stdout)
