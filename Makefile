@@ -27,7 +27,8 @@ STAMP   := $(VENV)/.installed-$(SGLANG_VERSION)
 VENV_COMPAT  := .venv-sglang-$(SGLANG_COMPAT_VERSION)
 COMPAT_STAMP := $(VENV_COMPAT)/.installed
 # The plugin's CPU tests, run a second time against SGLang $(SGLANG_COMPAT_VERSION).
-COMPAT_TESTS := tests/test_masks.py tests/test_plugin.py tests/test_metrics.py tests/compat tests/hooks
+COMPAT_TESTS := tests/test_masks.py tests/test_plugin.py tests/test_metrics.py tests/compat tests/hooks \
+                tests/test_staircase_kernel.py
 
 # Targets appended by the included fragments (chart, images, loadtest, ...).
 TEST_PREREQS :=

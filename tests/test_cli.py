@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from moss_vl import __version__, cli, presets
+from moss_vl import __version__, cli
 
 HUB_ID = "OpenMOSS/MOSS-VL-Instruct-0708"
 
@@ -135,7 +135,7 @@ def test_api_key_is_never_printed(capsys, monkeypatch):
         )
         assert code == 0
         assert "s3cr3t-value" not in out + err
-        assert presets.MASK in out
+        assert "--api-key" not in out and "<api-key file>" in out
 
 
 def test_refusal_names_flag_and_exits_2(capsys):
@@ -388,8 +388,11 @@ def test_serve_execs_sglang_and_returns_its_exit_code(shim_env):
     assert reported["pid"] == proc.pid  # replaced, not a child
     assert reported["argv"][:2] == ["--model-path", HUB_ID]
     assert "--prefill-attention-backend" in reported["argv"]
-    assert reported["argv"][-2:] == ["--max-running-requests", "8"]
-    assert reported["argv"][reported["argv"].index("--api-key") + 1] == "k3y"
+    assert reported["argv"][-4:-2] == ["--max-running-requests", "8"]
+    # The key reaches SGLang in the --config file, not on argv or in the environment.
+    assert reported["argv"][-2] == "--config" and "--api-key" not in reported["argv"]
+    assert "k3y" in Path(reported["argv"][-1]).read_text()
+    assert reported["env"]["MOSS_VL_API_KEY"] is None
     assert reported["env"]["SGLANG_PLUGINS"] == "moss_vl"
 
 

@@ -150,7 +150,6 @@ def test_typed_settings_become_flags(sglang_parser, model_dir):
         context_length=32768,
         max_running_requests=16,
         cuda_graph_bs=(1, 2, 4),
-        api_key="k",
     )
     args = parse(sglang_parser, build_command(config, visible=2).argv)
     assert (args.port, args.host, args.tp_size) == (31000, "127.0.0.1", 2)
@@ -158,7 +157,6 @@ def test_typed_settings_become_flags(sglang_parser, model_dir):
     assert args.context_length == 32768
     assert args.max_running_requests == 16
     assert args.cuda_graph_bs_decode == [1, 2, 4]
-    assert args.api_key == "k"
 
 
 def test_extra_args_override_in_place(sglang_parser, model_dir):
@@ -366,19 +364,7 @@ def test_bad_settings_name_their_flag(model_dir, field, value, flag):
     assert refused(ServeConfig(**settings), visible=None).flag == flag
 
 
-def test_secrets_are_masked_for_display(model_dir):
-    command = build_command(
-        ServeConfig(
-            device="cuda",
-            model_path=model_dir,
-            api_key="s3cr3t",
-            extra_args=("--admin-api-key=adm1n",),
-        ),
-        visible=1,
-    )
-    shown = " ".join(command.display_argv())
+def test_secrets_are_masked_for_display():
+    shown = " ".join(presets.mask_secrets(["--api-key", "s3cr3t", "--admin-api-key=adm1n"]))
     assert "s3cr3t" not in shown and "adm1n" not in shown
     assert f"--api-key {presets.MASK}" in shown and f"--admin-api-key={presets.MASK}" in shown
-    launched = command.launch_argv("python")
-    assert launched[:3] == ["python", "-m", "sglang.launch_server"]
-    assert "s3cr3t" in launched and "--admin-api-key=adm1n" in launched

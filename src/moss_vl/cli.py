@@ -13,6 +13,7 @@ code is SGLang's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -195,6 +196,37 @@ def _env_sources(args: argparse.Namespace) -> dict[str, str]:
     return sources
 
 
+def _keys() -> tuple[str | None, str | None]:
+    """(api key, admin key) from their files; MOSS_VL_API_KEY still works for
+    local runs, but never alongside a file (which one would win is a guess)."""
+    from moss_vl.presets import PresetError, read_key_file
+
+    api_key = environ.MOSS_VL_API_KEY.get()
+    api_key_file = environ.MOSS_VL_API_KEY_FILE.get()
+    admin_file = environ.MOSS_VL_ADMIN_API_KEY_FILE.get()
+    if api_key and api_key_file:
+        raise Refused(
+            f"{environ.MOSS_VL_API_KEY.name} and {environ.MOSS_VL_API_KEY_FILE.name} are both "
+            "set: keep the file"
+        )
+    try:
+        if api_key_file:
+            api_key = read_key_file(api_key_file, environ.MOSS_VL_API_KEY_FILE.name)
+        admin = (
+            read_key_file(admin_file, environ.MOSS_VL_ADMIN_API_KEY_FILE.name)
+            if admin_file
+            else None
+        )
+    except PresetError as err:
+        raise Refused(str(err)) from None
+    if admin and admin == api_key:
+        raise Refused(
+            f"{environ.MOSS_VL_ADMIN_API_KEY_FILE.name}: the admin key equals the API key, so "
+            "every client could call SGLang's admin endpoints; use a different key"
+        )
+    return api_key, admin
+
+
 def _sglang_parse(argv: Sequence[str]) -> str | None:
     """SGLang's own verdict on `argv` (its ServerArgs parser): None when it
     accepts them, else its error; None too when SGLang is not installed here."""
@@ -222,6 +254,7 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
         ServeConfig,
         build_command,
         check_checkpoint,
+        write_secret_config,
     )
 
     device = _resolve_device(_flag_or_env(args, "device"))
@@ -237,9 +270,10 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
         context_length=_flag_or_env(args, "context_length"),
         max_running_requests=_flag_or_env(args, "max_running_requests"),
         cuda_graph_bs=_graph_bs(_flag_or_env(args, "cuda_graph_bs")),
-        api_key=environ.MOSS_VL_API_KEY.get(),
         extra_args=_extra_args(extra),
     )
+    api_key, admin_api_key = _keys()
+    config = dataclasses.replace(config, api_key=api_key, admin_api_key=admin_api_key)
     visible, visible_source = _visible(device)
     if args.preflight and not visible:
         # Preflight stops at the accelerator: on a machine without one the
@@ -267,6 +301,8 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
     python = sys.executable
     shown = [python, "-m", LAUNCH_MODULE, *command.display_argv()]
+    if command.secret_config:
+        shown += ["--config", f"<{' and '.join(command.secret_config)} file>"]
     if args.output == "json":
         print(json.dumps({"device": device, "argv": shown, "env": command.env}, indent=2))
     else:
@@ -287,11 +323,15 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
+    config_path = write_secret_config(command) if command.secret_config else None
     sys.stdout.flush()
     sys.stderr.flush()
     # exec, not a child: signals from the kubelet reach SGLang directly and the
     # container's exit code is SGLang's.
-    os.execvpe(python, command.launch_argv(python), {**os.environ, **command.env})
+    child_env = {**os.environ, **command.env}
+    # The key is in the --config file now; the exec'd server needs no copy in its environment.
+    child_env.pop(environ.MOSS_VL_API_KEY.name, None)
+    os.execvpe(python, command.launch_argv(python, config_path), child_env)
     return EXIT_FAILED  # not reached
 
 

@@ -99,6 +99,12 @@ MOSS_VL_CUDA_GRAPH_BS = _str(
     "MOSS_VL_CUDA_GRAPH_BS", None, "space-separated graph batch sizes (npu preset: 1 2 4 8 16 32)"
 )
 MOSS_VL_API_KEY = _str("MOSS_VL_API_KEY", None, "API key clients must send (from a Secret)")
+MOSS_VL_API_KEY_FILE = _str(
+    "MOSS_VL_API_KEY_FILE", None, "file holding the API key (a Secret volume); never put on argv"
+)
+MOSS_VL_ADMIN_API_KEY_FILE = _str(
+    "MOSS_VL_ADMIN_API_KEY_FILE", None, "file holding the key for SGLang's admin endpoints"
+)
 MOSS_VL_EXTRA_ARGS = _str(
     "MOSS_VL_EXTRA_ARGS", "", "extra SGLang arguments, shell-quoted, appended after the preset"
 )
@@ -111,9 +117,10 @@ MOSS_VL_ASCEND_SET_ENV = _str(
 # ---- plugin behaviour (read inside SGLang's processes) ----------------------
 MOSS_VL_CROSS_ATTN_PLAN = _str(
     "MOSS_VL_CROSS_ATTN_PLAN",
-    "staircase",
-    "FlashInfer cross-attention prefill plan: staircase segments or upstream's custom mask",
-    ("staircase", "mask"),
+    "triton",
+    "FlashInfer cross-attention prefill plan: triton (staircase kernel), staircase "
+    "(FlashInfer segments) or mask (upstream's custom mask)",
+    ("triton", "staircase", "mask"),
 )
 MOSS_VL_DISABLE_HOOKS = _str(
     "MOSS_VL_DISABLE_HOOKS", "", "comma-separated hook names to leave unapplied (debugging)"

@@ -1,4 +1,4 @@
-"""MOSS-VL's frame-level cross-attention mask: pure torch, no sglang import.
+"""MOSS-VL's frame-level cross-attention mask: torch and numpy, no sglang import.
 
 Semantics (DESIGN.md §2). The encoder sequence of a request is its frames laid
 end to end, frame f spanning ``t_h * t_w // merge**2 + 1`` tokens (vision
@@ -13,7 +13,9 @@ request's ``extend_seq_len_i x encoder_len_i`` block in batch order. Requests
 with no encoder tokens or no new rows contribute nothing.
 
 Everything here works on the device of its inputs and loops, in Python, at
-most over requests: never over frames or rows.
+most over requests: never over frames or rows. Metadata on the CPU (SGLang
+keeps it there) is turned into the staircase with numpy, whose small-array
+operations cost microseconds where torch's CPU ops cost several each.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 __all__ = [
+    "DeferredMask",
     "MaskRequest",
     "SegmentPlan",
     "Staircase",
@@ -161,13 +165,31 @@ class Staircase:
         return visible, request_of_row.to(visible.device)
 
 
+def _visible_kv_lens_host(req: MaskRequest, spatial_merge_size: int, q_len: int, kv_len: int):
+    """``visible_kv_lens`` in numpy, for metadata on the CPU: the per-request cost is a
+    few microseconds instead of a few torch CPU ops' worth."""
+    counts = req.visible_frame_counts.numpy()
+    prefix = int(req.extend_prefix_len)
+    if counts.size < prefix + q_len:
+        raise ValueError(
+            f"visible_frame_counts has {counts.size} entries but the extend "
+            f"needs rows [{prefix}, {prefix + q_len})"
+        )
+    grid = _as_grid(req.grid_thw).numpy()
+    spans = np.repeat(grid[:, 1] * grid[:, 2] // int(spatial_merge_size) ** 2 + 1, grid[:, 0])
+    ends = np.zeros(spans.size + 1, dtype=np.int64)
+    np.minimum(np.cumsum(spans), kv_len, out=ends[1:])
+    return ends[np.clip(counts[prefix : prefix + q_len], 0, spans.size)]
+
+
 def build_staircase(requests: Sequence[MaskRequest], spatial_merge_size: int) -> Staircase:
     """The staircase of a batch, computed where its metadata lives (usually the CPU)."""
-    parts: list[torch.Tensor] = []
+    parts: list = []
     extend_seq_lens: list[int] = []
     encoder_lens: list[int] = []
     request_indices: list[int] = []
     needs_mask = False
+    on_host = True
     for index, req in enumerate(requests):
         q_len, kv_len = int(req.extend_seq_len), int(req.encoder_len)
         if q_len == 0 or kv_len == 0:
@@ -175,23 +197,25 @@ def build_staircase(requests: Sequence[MaskRequest], spatial_merge_size: int) ->
         request_indices.append(index)
         extend_seq_lens.append(q_len)
         encoder_lens.append(kv_len)
-        if req.has_frame_metadata:
-            needs_mask = True
+        if not req.has_frame_metadata:
+            parts.append(np.full(q_len, kv_len, dtype=np.int64))
+            continue
+        needs_mask = True
+        if req.visible_frame_counts.device.type == "cpu":
+            parts.append(_visible_kv_lens_host(req, spatial_merge_size, q_len, kv_len))
+        else:
+            on_host = False
             parts.append(
                 visible_kv_lens(
-                    req.visible_frame_counts,
-                    req.grid_thw,
-                    spatial_merge_size,
-                    int(req.extend_prefix_len),
-                    q_len,
-                    kv_len,
+                    req.visible_frame_counts, req.grid_thw, spatial_merge_size,
+                    int(req.extend_prefix_len), q_len, kv_len,
                 )
             )
-        else:
-            parts.append(torch.full((q_len,), kv_len, dtype=torch.long))
-    device = parts[0].device if parts else torch.device("cpu")
-    parts = [p.to(device) for p in parts]
-    visible = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+    if on_host:
+        visible = torch.from_numpy(np.concatenate(parts)) if parts else torch.zeros(0, dtype=torch.long)
+    else:
+        device = next(p.device for p in parts if isinstance(p, torch.Tensor))
+        visible = torch.cat([torch.as_tensor(p).to(device) for p in parts])
     return Staircase(
         visible, tuple(extend_seq_lens), tuple(encoder_lens), needs_mask, tuple(request_indices)
     )
@@ -219,6 +243,48 @@ def pack_staircase(staircase: Staircase, device=None) -> torch.Tensor:
         torch.lt(columns[:kv_len].unsqueeze(0), rows.unsqueeze(1), out=block)
         offset += q_len * kv_len
     return packed
+
+
+class DeferredMask:
+    """The packed mask of a staircase, not built: what the builder hands over
+    when its consumers take the staircase itself.
+
+    It answers what upstream asks of the mask without reading it (``is not
+    None``, ``numel()``, ``ndim``); a consumer that needs the bytes calls
+    ``materialize`` (built once, then kept). ``nbytes`` counts the bytes
+    actually allocated: 0 until then.
+    """
+
+    ndim = 1
+    dtype = torch.uint8
+
+    def __init__(self, staircase: Staircase, device=None, on_materialize=None):
+        self.staircase = staircase
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self._packed: torch.Tensor | None = None
+        self._on_materialize = on_materialize
+
+    def numel(self) -> int:
+        return self.staircase.num_elements
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size([self.numel()])
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self._packed is None else self._packed.numel()
+
+    def materialize(self, device=None) -> torch.Tensor:
+        if self._packed is None:
+            self._packed = pack_staircase(self.staircase, device or self.device)
+            if self._on_materialize is not None:
+                self._on_materialize(self._packed)
+        return self._packed
+
+    def __repr__(self) -> str:
+        state = "packed" if self._packed is not None else "not built"
+        return f"DeferredMask({self.numel()} elements, {state})"
 
 
 def build_cross_attention_custom_mask(

@@ -29,6 +29,7 @@ VISIBLE_RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95
 MASK_PATHS = (
     ("flashinfer", "mask"),
     ("flashinfer", "staircase"),
+    ("flashinfer", "triton"),
     ("ascend_native", "staircase"),
     ("ascend_native", "dense"),
     ("dropped", "mask"),
@@ -135,6 +136,11 @@ def observe_mask(
             m.rows_without_vision.inc(rows_without_vision)
 
     _record(fn)
+
+
+def count_mask_bytes(num_bytes: int) -> None:
+    """Bytes of a packed mask built after the builder ran (a deferred mask a consumer needed)."""
+    _record(lambda m: m.mask_bytes.inc(num_bytes))
 
 
 def count_mask_path(path: str, plan: str) -> None:

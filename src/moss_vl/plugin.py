@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from moss_vl import __version__
-from moss_vl.hooks import Hook, all_hooks, missing_requirements, sglang_version
+from moss_vl.hooks import Hook, all_hooks, mark_registered, missing_requirements, sglang_version
 
 logger = logging.getLogger("moss_vl")
 
@@ -81,6 +81,7 @@ def register() -> None:
     chosen, skipped = select_hooks(version, disabled)
     for hook in chosen:
         HookRegistry.register(hook.target, hook.func, HookType(hook.kind))
+    mark_registered(h.name for h in chosen)
     logger.info(
         "moss_vl %s: registered %d hooks for SGLang %s: %s%s",
         __version__,

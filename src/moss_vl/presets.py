@@ -34,9 +34,14 @@ DEVICES = ("cuda", "npu")
 # `--cuda-graph-bs 1 2 4 8 16 32`, which 0.5.23 names `--cuda-graph-bs-decode`).
 NPU_CUDA_GRAPH_BS = (1, 2, 4, 8, 16, 32)
 
-# Values whose text must never be printed.
+# Values whose text must never be printed, nor put on a command line: every
+# process's argv is readable from /proc/<pid>/cmdline by anyone on the node.
 SECRET_FLAGS = frozenset({"--api-key", "--admin-api-key"})
 MASK = "****"
+# SGLang (0.5.23 and 0.5.17) merges the keys of a `--config FILE` YAML into its
+# arguments in-process (server_args_config_parser.ConfigArgumentMerger), so the
+# keys travel in a file and only its path is on argv.
+CONFIG_FLAG = "--config"
 
 
 class PresetError(ValueError):
@@ -164,6 +169,7 @@ class ServeConfig:
     max_running_requests: int | None = None
     cuda_graph_bs: tuple[int, ...] | None = None
     api_key: str | None = None
+    admin_api_key: str | None = None
     extra_args: tuple[str, ...] = ()
 
 
@@ -181,9 +187,15 @@ class ServeCommand:
     env: dict[str, str]  # variables moss-vl sets on top of the inherited environment
     model_path: str = ""
     warnings: tuple[str, ...] = ()  # what a preview let through (e.g. a path of the pod)
+    # SGLang config keys (`api-key`, `admin-api-key`) that go into the --config
+    # file, never onto argv; empty when the server runs without keys.
+    secret_config: dict[str, str] = field(default_factory=dict, repr=False)
 
-    def launch_argv(self, python: str) -> list[str]:
-        return [python, "-m", LAUNCH_MODULE, *self.argv]
+    def launch_argv(self, python: str, config_path: str | None = None) -> list[str]:
+        if self.secret_config and not config_path:
+            raise ValueError("this command carries keys: write them with write_secret_config")
+        config = [CONFIG_FLAG, config_path] if self.secret_config else []
+        return [python, "-m", LAUNCH_MODULE, *self.argv, *config]
 
     def display_argv(self) -> list[str]:
         return mask_secrets(self.argv)
@@ -340,8 +352,6 @@ def _preset_options(config: ServeConfig, tp: int) -> list[_Option]:
         options.append(_Option("--context-length", [str(config.context_length)]))
     if config.max_running_requests is not None:
         options.append(_Option("--max-running-requests", [str(config.max_running_requests)]))
-    if config.api_key:
-        options.append(_Option("--api-key", [config.api_key]))
     return options
 
 
@@ -388,12 +398,29 @@ def _check_merged(
     visible_source: str,
     environ: Mapping[str, str],
     preview: bool = False,
+    keyed: bool = False,
 ) -> list[str]:
     warnings: list[str] = []
     if "--config" in options:
         raise PresetError(
             "--config",
             "a config file would bypass the preset checks; pass its flags after `--` instead",
+        )
+    for flag in sorted(SECRET_FLAGS & options.keys()):
+        raise PresetError(
+            flag,
+            "a key on the command line is readable by every process on the node "
+            "(/proc/<pid>/cmdline); give it as a file: MOSS_VL_API_KEY_FILE / "
+            "MOSS_VL_ADMIN_API_KEY_FILE (the chart mounts them from a Secret)",
+        )
+    # SGLang 0.5.23 installs its API-key middleware only in single-tokenizer
+    # mode (http_server: "This is only supported in single tokenizer mode"),
+    # so more tokenizer workers would serve every endpoint without a key.
+    if keyed and _int_value(options, "--tokenizer-worker-num", 1) > 1:
+        raise PresetError(
+            "--tokenizer-worker-num",
+            "SGLang enforces the API key only with one tokenizer worker; with more, every "
+            "endpoint would answer without a key",
         )
     requested_device = _single_value(options, "--device")
     if requested_device is not None and requested_device != device:
@@ -480,7 +507,14 @@ def build_command(
     tp = config.tp if config.tp is not None else (visible or 1)
     options = merge_options(_preset_options(config, tp), parse_extra_args(config.extra_args))
     by_flag = {opt.flag: opt for opt in options}
-    warnings = _check_merged(config.device, by_flag, visible, visible_source, env_in, preview)
+    secret_config = {
+        name: value
+        for name, value in (("api-key", config.api_key), ("admin-api-key", config.admin_api_key))
+        if value
+    }
+    warnings = _check_merged(
+        config.device, by_flag, visible, visible_source, env_in, preview, keyed=bool(secret_config)
+    )
 
     argv: list[str] = []
     for opt in options:
@@ -502,4 +536,47 @@ def build_command(
         env=env,
         model_path=_single_value(by_flag, "--model-path") or "",
         warnings=tuple(warnings),
+        secret_config=secret_config,
     )
+
+
+def read_key_file(path: str, variable: str) -> str:
+    """The key in `path` (a Secret volume file); one trailing newline is dropped."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            key = f.read()
+    except OSError as err:
+        raise PresetError(variable, f"cannot read the key file {path!r}: {err.strerror}") from None
+    key = key[:-1] if key.endswith("\n") else key
+    if not key or key != key.strip():
+        raise PresetError(variable, f"the key file {path!r} is empty or has surrounding whitespace")
+    return key
+
+
+def secret_config_dir() -> str:
+    """Where the --config file goes: a tmpfs when there is one (the pod's
+    /dev/shm is a Memory emptyDir), so the keys never reach a disk."""
+    import tempfile
+
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return tempfile.gettempdir()
+
+
+def write_secret_config(command: ServeCommand, directory: str | None = None) -> str:
+    """Write the keys as an SGLang --config file readable by this uid only; its path.
+
+    JSON is YAML (SGLang reads it with yaml.safe_load), so no YAML writer is needed.
+    The file stays: SGLang reads it after the exec, once, at start.
+    """
+    import json
+    import tempfile
+
+    fd, path = tempfile.mkstemp(
+        prefix="moss-vl-serve-", suffix=".yaml", dir=directory or secret_config_dir()
+    )
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(command.secret_config, f)
+        f.write("\n")
+    return path

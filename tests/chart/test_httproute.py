@@ -1,10 +1,12 @@
 """templates/httproute.yaml: optional Gateway API HTTPRoute.
 
 Contract: rendered only when enabled; attaches to the given parents and
-hostnames, routes / to the client Service port (one pool, or the router), or
-with several pools and no router to each pool's Service weighted by
-`<pool>.weight` (default: the pool's replicas), and carries request and
-backend timeouts long enough for image uploads and long generations.
+hostnames, routes the OpenAI-compatible API (`/v1` PathPrefix; `/health` Exact
+only with publishHealth) and nothing else to the client Service port (one
+pool, or the router), or with several pools and no router to each pool's
+Service weighted by `<pool>.weight` (default: the pool's replicas); turns the
+API key on, and carries request and backend timeouts long enough for image
+uploads and long generations.
 """
 
 from __future__ import annotations
@@ -43,7 +45,19 @@ def test_route(rendered, values):
         assert rule["backendRefs"] == [
             {"name": f"{RELEASE}-{d}", "port": port, "weight": weights[d]} for d in pools
         ]
-    assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/"}}]
+    assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/v1"}}]
+    key = values["server"]["apiKey"]
+    assert rendered.maybe("Secret", f"{RELEASE}-api-key") or key["existingSecret"]
+
+
+def test_health_only_when_asked():
+    route = render("httpRoute.enabled=true", "httpRoute.publishHealth=true").get(
+        "HTTPRoute", RELEASE
+    )
+    assert route["spec"]["rules"][0]["matches"] == [
+        {"path": {"type": "PathPrefix", "value": "/v1"}},
+        {"path": {"type": "Exact", "value": "/health"}},
+    ]
 
 
 def test_timeouts_fit_long_generations():

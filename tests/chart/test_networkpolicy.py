@@ -1,15 +1,18 @@
 """templates/networkpolicy.yaml: ingress policies for every pod the chart runs.
 
 Contract: server pods admit, on the http port only, the router (when enabled;
-clients otherwise), the chart's helm-test and Locust pods and Prometheus;
-the router admits clients and the chart's pods on http and Prometheus on its
-metrics port; the helm-test pod admits nothing; Locust pods admit only
-workers on the master port. Every pod template the chart renders is covered.
+otherwise the clients and the edge: Ingress controllers with an Ingress, the
+Gateway data plane with an HTTPRoute), the chart's helm-test pod, the Locust
+workers and Prometheus; the router admits clients, the edge and the chart's
+pods on http and Prometheus on its metrics port; the helm-test pod admits
+nothing; Locust pods admit only workers on the master port. The Gateway peers
+are `networkPolicy.gateways`, else the namespaces of `httpRoute.parentRefs`.
+Every pod template the chart renders is covered.
 """
 
 from __future__ import annotations
 
-from .chart_render import RELEASE, render, selects
+from .chart_render import NAMESPACE, RELEASE, render, selects
 
 ROUTER_POD = {
     "app.kubernetes.io/name": "moss-vl",
@@ -39,8 +42,18 @@ def test_server_policy(rendered, values):
     assert peers_admit(peers, ROUTER_POD) == values["router"]["enabled"]
     clients_in = all(p in peers for p in values["networkPolicy"]["clients"])
     assert clients_in == (not values["router"]["enabled"]), "with a router, clients go through it"
-    for component in ("helm-test", "loadtest"):
-        assert peers_admit(peers, {**ROUTER_POD, "app.kubernetes.io/component": component})
+    controllers_in = all(p in peers for p in values["networkPolicy"]["ingressControllers"])
+    assert controllers_in == (values["ingress"]["enabled"] and not values["router"]["enabled"])
+    assert peers_admit(peers, {**ROUTER_POD, "app.kubernetes.io/component": "helm-test"})
+    worker = {**ROUTER_POD, "app.kubernetes.io/component": "loadtest"}
+    assert not peers_admit(peers, worker), "the Locust master sends no requests"
+    assert peers_admit(peers, {**worker, "moss-vl.openmoss.io/locust-role": "worker"})
+    if values["httpRoute"]["enabled"] and not values["router"]["enabled"]:
+        for ref in values["httpRoute"]["parentRefs"]:
+            ns = ref.get("namespace", NAMESPACE)
+            assert {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}
+            } in peers
 
 
 def test_router_policy():
@@ -73,3 +86,56 @@ def test_helm_test_pod_admits_nothing():
 
 def test_disabled():
     assert render("networkPolicy.enabled=false").all("NetworkPolicy") == []
+
+
+def server_peers(*sets):
+    return render(*sets).get("NetworkPolicy", f"{RELEASE}-server")["spec"]["ingress"][0]["from"]
+
+
+def ns_peer(ns):
+    return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
+
+
+def test_gateway_from_parent_refs_and_explicit():
+    peers = server_peers(
+        "httpRoute.enabled=true",
+        "httpRoute.parentRefs[0].name=a",
+        "httpRoute.parentRefs[0].namespace=gw",
+        "httpRoute.parentRefs[1].name=b",
+    )
+    assert ns_peer("gw") in peers and ns_peer(NAMESPACE) in peers
+    assert ns_peer("ingress-nginx") not in peers, "no Ingress, no Ingress controller"
+    peers = server_peers(
+        "httpRoute.enabled=true",
+        "networkPolicy.gateways[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=envoy-gateway-system",
+    )
+    assert ns_peer("envoy-gateway-system") in peers
+    assert ns_peer("inference-gateway") not in peers and ns_peer(NAMESPACE) not in peers
+
+
+def test_edge_reaches_the_router_not_the_servers():
+    r = render("router.enabled=true", "httpRoute.enabled=true", "ingress.enabled=true")
+    router_peers = r.get("NetworkPolicy", f"{RELEASE}-router")["spec"]["ingress"][0]["from"]
+    server = r.get("NetworkPolicy", f"{RELEASE}-server")["spec"]["ingress"][0]["from"]
+    for peer in (ns_peer("ingress-nginx"), ns_peer(NAMESPACE)):
+        assert peer in router_peers and peer not in server
+
+
+def test_nothing_else_without_an_edge():
+    chart_pod = {"app.kubernetes.io/name": "moss-vl", "app.kubernetes.io/instance": RELEASE}
+    expected = [
+        {"podSelector": {"matchLabels": {"moss-vl.openmoss.io/client": "true"}}},
+        {"podSelector": {"matchLabels": {**chart_pod, "app.kubernetes.io/component": "helm-test"}}},
+        {
+            "podSelector": {
+                "matchLabels": {
+                    **chart_pod,
+                    "app.kubernetes.io/component": "loadtest",
+                    "moss-vl.openmoss.io/locust-role": "worker",
+                }
+            }
+        },
+        *render().get("NetworkPolicy", f"{RELEASE}-server")["spec"]["ingress"][0]["from"][-1:],
+    ]
+    assert server_peers() == expected
+    assert expected[-1]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}

@@ -35,8 +35,6 @@ def test_both_pools_with_ingress_and_rwo_warning():
         "devices={cuda,npu}",
         "ingress.enabled=true",
         "ingress.hosts[0].host=llm.example.com",
-        "ingress.hosts[0].paths[0].path=/",
-        "ingress.hosts[0].paths[0].pathType=Prefix",
         "cuda.replicas=2",
     )
     assert "huawei.com/Ascend910" in text and "30 min (npu)" in text
@@ -51,3 +49,14 @@ def test_loadtest_running():
     text = notes("loadtest.enabled=true")
     assert f"kubectl -n {NAMESPACE} logs -f job/{RELEASE}-loadtest-master" in text
     assert "Locust runs now" in text
+
+
+def test_tells_how_to_read_a_generated_key():
+    text = notes("httpRoute.enabled=true")
+    assert "generated at install, kept across upgrades" in text
+    assert (
+        f"kubectl -n {NAMESPACE} get secret {RELEASE}-api-key -o jsonpath='{{.data.api-key}}'"
+        in text
+    )
+    assert "Authorization: Bearer $API_KEY" in text
+    assert "Only /v1/... is published" in text

@@ -104,12 +104,27 @@ def test_core_env(rendered, values):
         assert env["HF_HUB_OFFLINE"]["value"] == "1"
         assert env["TRANSFORMERS_OFFLINE"]["value"] == "1"
         assert env["SGLANG_PLUGINS"]["value"] == "moss_vl"
-        if values["server"]["apiKey"]["enabled"]:
-            ref = env["MOSS_VL_API_KEY"]["valueFrom"]["secretKeyRef"]
-            assert ref["key"] == values["server"]["apiKey"]["secretKey"]
-            assert "value" not in env["MOSS_VL_API_KEY"]
+        keyed = any(
+            (
+                values["server"]["apiKey"]["enabled"],
+                values["ingress"]["enabled"],
+                values["httpRoute"]["enabled"],
+            )
+        )
+        assert "MOSS_VL_API_KEY" not in env, "a key value in the environment; files only"
+        if keyed:
+            mounts = {m["name"]: m for m in container(spec, "server")["volumeMounts"]}
+            keys_dir = mounts["api-keys"]["mountPath"]
+            assert mounts["api-keys"]["readOnly"] is True
+            assert env["MOSS_VL_API_KEY_FILE"]["value"] == f"{keys_dir}/api-key"
+            assert env["MOSS_VL_ADMIN_API_KEY_FILE"]["value"] == f"{keys_dir}/admin-api-key"
+            (vol,) = [v for v in spec["volumes"] if v["name"] == "api-keys"]
+            assert [i["key"] for i in vol["secret"]["items"]] == [
+                values["server"]["apiKey"]["secretKey"],
+                values["server"]["apiKey"]["adminSecretKey"],
+            ]
         else:
-            assert "MOSS_VL_API_KEY" not in env
+            assert "MOSS_VL_API_KEY_FILE" not in env
         if device == "npu":
             assert env["ASCEND_USE_FA"]["value"] == "false"
             assert env["ASCEND_USE_FIA"]["value"] == "false"

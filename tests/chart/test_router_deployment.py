@@ -5,9 +5,12 @@ sglang-router 0.3.2 argument parser (unpacked by `make chart-tools`, never
 installed into .venv) and means: cache_aware policy, Kubernetes service
 discovery of exactly this release's server pods (the same labels as the
 server Service) in this namespace on the server port, base64-sized payloads,
-the worker API key from the Secret; the router mounts its token (it reads
-pods) and probes /readiness and /liveness. A pool whose weight is 0 is left
-out of the workers (the selector narrows to the other pool).
+and, with a key, a launcher that reads the API key and the admin key from the
+Secret volume and hands them to the router inside the process (never on
+argv): --api-key (client auth on the inference routes, sent on to workers)
+and --control-plane-api-keys (the worker/cache admin API); the router mounts
+its token (it reads pods) and probes /readiness and /liveness. A pool whose
+weight is 0 is left out of the workers (the selector narrows to the other pool).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 import subprocess
 import sys
 
-from .chart_render import NAMESPACE, RELEASE, REPO, container, env_of, render
+from .chart_render import NAMESPACE, RELEASE, REPO, container, render
 
 ROUTER_PKG = REPO / ".tools" / "sglang-router-0.3.2"
 
@@ -51,7 +54,26 @@ def test_absent_unless_enabled(rendered, values):
     ]
 
 
-def test_args_parse_with_the_real_router():
+LAUNCHER_KEYS_DIR = "/etc/moss-vl/keys/"
+
+
+def launched_argv(c: dict, keys_dir: str) -> list[str]:
+    """The router argv the rendered launcher builds in-process, with keys from keys_dir."""
+    assert c["command"][:2] == ["python3", "-c"]
+    code = c["command"][2].replace(LAUNCHER_KEYS_DIR, keys_dir)
+    code = code.replace("main()", "print(json.dumps(sys.argv[1:]))")
+    proc = subprocess.run(
+        [sys.executable, "-c", "import json\n" + code, *c["args"]],
+        env={"PYTHONPATH": str(ROUTER_PKG)},
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return json.loads(proc.stdout)
+
+
+def test_args_parse_with_the_real_router(tmp_path):
     assert (ROUTER_PKG / "sglang_router" / "router_args.py").exists(), "run `make chart-tools`"
     r = render(
         "router.enabled=true",
@@ -59,9 +81,12 @@ def test_args_parse_with_the_real_router():
         "server.apiKey.enabled=true",
         "server.apiKey.existingSecret=key",
     )
-    c = container(router(r)["spec"]["template"]["spec"], "router")
-    assert c["command"] == ["python3", "-m", "sglang_router.launch_router"]
-    args = parse_router_args(c["args"])
+    spec = router(r)["spec"]["template"]["spec"]
+    c = container(spec, "router")
+    (tmp_path / "api-key").write_text("client-key\n")
+    (tmp_path / "admin-api-key").write_text("admin-key\n")
+    argv = launched_argv(c, f"{tmp_path}/")
+    args = parse_router_args(argv)
     assert args["policy"] == "cache_aware"
     assert args["service_discovery"] is True
     assert args["selector"] == r.get("Service", RELEASE + "-server")["spec"]["selector"]
@@ -70,8 +95,21 @@ def test_args_parse_with_the_real_router():
     assert args["service_discovery_port"] == 30000
     assert args["port"] == 30000 and args["host"] == "0.0.0.0"
     assert args["max_payload_size"] >= 32 * 1024 * 1024
-    assert args["api_key"] == "$(MOSS_VL_API_KEY)"
-    assert env_of(c)["MOSS_VL_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "key"
+    assert args["api_key"] == "client-key"
+    assert args["control_plane_api_keys"] == [["admin", "moss-vl-admin", "admin-key", "admin"]]
+    assert "client-key" not in str(c) and "MOSS_VL_API_KEY" not in str(c), "no key on argv or env"
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["api-keys"] == LAUNCHER_KEYS_DIR.rstrip("/")
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "api-keys"]
+    assert vol["secret"]["secretName"] == "key"
+    assert [i["path"] for i in vol["secret"]["items"]] == ["api-key", "admin-api-key"]
+
+
+def test_plain_launch_without_a_key():
+    c = container(router(render("router.enabled=true"))["spec"]["template"]["spec"], "router")
+    assert c["command"] == ["python3", "-m", "sglang_router.launch_router"]
+    args = parse_router_args(c["args"])
+    assert args["api_key"] is None and args["control_plane_api_keys"] == []
 
 
 def test_pod():

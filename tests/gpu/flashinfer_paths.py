@@ -107,3 +107,47 @@ def run_ascend(case, mask):
         None, None, *case.native_args(), is_cross_attention=True, scaling=case.scale,
         enable_gqa=True, cross_attention_custom_mask=mask,
     )
+
+
+def _updater(case):
+    """What the hook's planner reads off FlashInferIndicesUpdaterPrefill (SGLang 0.5.17's
+    line: encoder slots straight from req_to_token, no KV index translator)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        num_qo_heads=case.query.shape[1], num_kv_heads=case.k_cache.shape[1],
+        head_dim=case.query.shape[2], data_type=case.k_cache.dtype, q_data_type=case.query.dtype,
+        req_to_token=case.req_to_token.to(case.query.device),
+        attn_backend=SimpleNamespace(kv_index_translator=None),
+    )
+
+
+def plan_triton(case, staircase):
+    """The staircase kernel planned by the hook's own planner (patch_flashinfer_backend.plan_tiles)."""
+    from moss_vl.hooks import patch_flashinfer_backend as hook
+
+    device = case.query.device
+    info = hook._BatchStaircase(staircase, tuple(int(x) for x in case.extend_seq_lens.tolist()))
+    return hook.plan_tiles(
+        _updater(case), case.req_pool_indices.to(device),
+        case.encoder_lens.to(device=device, dtype=torch.int32), info, None,
+    )
+
+
+def run_triton(case, wrapper):
+    """The kernel as the hooked forward_extend calls it: wrapper 1's forward on the KV pool."""
+    return wrapper.forward(case.query, (case.k_cache, case.v_cache), causal=False,
+                           sm_scale=case.scale, window_left=-1, logits_soft_cap=0.0)
+
+
+def plan_unmasked(case, backend="fa3"):
+    """Every row against its whole encoder, no mask: the ceiling on the same shapes."""
+    device = case.query.device
+    indices, indptr = encoder_slots(case)
+    qo = torch.zeros_like(indptr)
+    qo[1:] = torch.cumsum(case.extend_seq_lens.to(device), 0)
+    w = _wrapper(device, backend)
+    w.plan(qo, indptr, indices, torch.ones(indptr.numel() - 1, dtype=torch.int32, device=device),
+           case.query.shape[1], case.k_cache.shape[1], case.query.shape[2], 1,
+           q_data_type=case.query.dtype, kv_data_type=case.k_cache.dtype, sm_scale=case.scale)
+    return w

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU pass in one device call: install the carried wheels, run
-# tests/gpu, run the GPU benchmark. Output and results go to $OUT (or ./gpu-out).
+# tests/gpu, run the GPU benchmarks (synthetic scales, prompt-shaped layouts).
+# Output and results go to $OUT (or ./gpu-out).
 # Usage (from the repository root, on the H200): bash tests/gpu/run-on-h200.sh
 set -uo pipefail
 out=${OUT:-gpu-out}
@@ -16,5 +17,7 @@ python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$ou
 tests_rc=${PIPESTATUS[0]}
 python3 benchmarks/bench_cross_attention_gpu.py "$out/bench.json" 2>&1 | tee "$out/bench.txt"
 bench_rc=${PIPESTATUS[0]}
-echo "tests rc=$tests_rc bench rc=$bench_rc"
-exit $(( tests_rc != 0 || bench_rc != 0 ))
+python3 benchmarks/bench_cross_attention_layouts_gpu.py "$out/layouts.json" 2>&1 | tee "$out/layouts.txt"
+layouts_rc=${PIPESTATUS[0]}
+echo "tests rc=$tests_rc bench rc=$bench_rc layouts rc=$layouts_rc"
+exit $(( tests_rc != 0 || bench_rc != 0 || layouts_rc != 0 ))

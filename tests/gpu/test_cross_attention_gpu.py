@@ -19,10 +19,12 @@ from attention_cases import make_case
 from flashinfer_paths import (
     plan_custom_mask,
     plan_staircase,
+    plan_triton,
     run_ascend,
     run_custom_mask,
     run_sdpa,
     run_staircase,
+    run_triton,
 )
 from moss_vl import masks
 from sglang_batches import forward_batch_of, mask_requests_of, random_batch
@@ -95,3 +97,74 @@ def test_gpu_mask_bytes_equal_sglangs_builder():
         assert (theirs is None) == (ours is None)
         if theirs is not None:
             assert torch.equal(theirs, ours)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_triton_kernel_through_the_hooks_planner_agrees_with_the_reference(seed):
+    """MOSS_VL_CROSS_ATTN_PLAN=triton: plan_tiles (the hook's planner, SGLang 0.5.17's
+    req_to_token line) + the kernel, on batches with cached prefixes, requests without
+    encoder tokens and rows that see nothing."""
+    spec, case = gpu_case(seed)
+    ref = case.reference_cross()
+    staircase = masks.build_staircase(mask_requests_of(spec), 2)
+    out = torch.full_like(case.query, float("nan"))
+    wrapper = plan_triton(case, staircase)
+    got = wrapper.forward(case.query, (case.k_cache, case.v_cache), causal=False,
+                          sm_scale=case.scale, window_left=-1, logits_soft_cap=0.0)
+    out.copy_(got)
+    assert err(out, ref) < TOL
+    visible, _ = staircase.batch_rows(case.extend_seq_lens.tolist())
+    # Rows that see nothing (empty rows, requests without encoder tokens) are exactly 0.
+    assert torch.count_nonzero(out[visible.cuda() == 0]) == 0
+    if case.mask is not None:
+        custom = run_custom_mask(case, plan_custom_mask(case, case.mask))
+        has_kv = torch.repeat_interleave(case.encoder_lens > 0, case.extend_seq_lens).cuda()
+        assert err(out[has_kv], custom[has_kv].double().cpu()) < TOL
+
+
+def test_triton_kernel_on_long_staircases_with_block_edges():
+    """Boundaries on and off the kernel's KV block edges, tiles spanning several frames,
+    long encoders; compared with SDPA given the mask."""
+    from sglang_batches import BatchSpec, RequestSpec
+
+    torch.manual_seed(0)
+    reqs = []
+    for frames, text in ((40, 300), (3, 1), (64, 700), (1, 129)):
+        counts = torch.sort(torch.randint(0, frames + 1, (text,))).values
+        reqs.append(RequestSpec(grid_thw=[(frames, 16, 16)], text_len=text, extend_prefix_len=0,
+                                visible_frame_counts=counts, encoder_len=frames * 65))
+    spec = BatchSpec(reqs)
+    case = make_case(spec, heads=(32, 8), head_dim=128, dtype=torch.bfloat16, seed=3)
+    for name in ("query", "k_cache", "v_cache", "req_to_token", "mask"):
+        setattr(case, name, getattr(case, name).cuda())
+    staircase = masks.build_staircase(mask_requests_of(spec), 2)
+    out = run_triton(case, plan_triton(case, staircase))
+    sdpa = run_sdpa(case, case.mask)
+    assert not torch.isnan(out).any()
+    assert (out.float() - sdpa.float()).abs().max().item() < TOL
+
+
+def test_translator_line_gives_the_same_slots():
+    """SGLang 0.5.23's planner line reads encoder slots through the KV index translator."""
+    pytest.importorskip("sglang.srt.mem_cache.kv_loc_plan", reason="SGLang does not import here")
+    from types import SimpleNamespace
+
+    from moss_vl.hooks import patch_flashinfer_backend as hook
+
+    spec, case = gpu_case(5)
+    enc = case.encoder_lens.cuda().to(torch.int32)
+    indptr = torch.zeros(enc.numel() + 1, dtype=torch.int32, device="cuda")
+    indptr[1:] = torch.cumsum(enc, 0)
+    total = int(enc.sum())
+
+    class Translator:
+        def pack_read_stream(self, plan, *, req_pool_indices, seq_lens, indptr, out, **_):
+            for i, (row, n) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
+                out[int(indptr[i]) : int(indptr[i]) + n] = case.req_to_token[row, :n]
+
+    plain = SimpleNamespace(req_to_token=case.req_to_token, attn_backend=SimpleNamespace())
+    translated = SimpleNamespace(attn_backend=SimpleNamespace(kv_index_translator=Translator()))
+    pools = case.req_pool_indices.cuda()
+    a = hook.encoder_kv_indices(plain, pools, enc, indptr, total, None)[:total]
+    b = hook.encoder_kv_indices(translated, pools, enc, indptr, total, None)[:total]
+    assert torch.equal(a, b)

@@ -128,6 +128,41 @@ def test_a_staircase_of_another_batch_is_not_trusted(upstream_forward_extend):
     assert (out.view_as(case.query).double() - case.reference_cross()).abs().max() < 2e-5
 
 
+def test_the_builders_deferred_mask_is_never_built_on_the_staircase(upstream_forward_extend):
+    """What the hooked builder hands over when the Ascend hooks are registered:
+    a DeferredMask; the native path takes the staircase and allocates no mask."""
+    from moss_vl import masks
+    from sglang_batches import mask_requests_of
+
+    cls, original = upstream_forward_extend
+    case, fb = a_case()
+    fb.moss_vl_staircase = masks.build_staircase(mask_requests_of(case.spec), 2)
+    fb.cross_attention_custom_mask = deferred = masks.DeferredMask(fb.moss_vl_staircase)
+    out = patch_ascend_backend.forward_extend(
+        original, make_backend(cls, case), case.query.flatten(1), None, None, cross_layer(case),
+        fb, save_kv_cache=False,
+    )
+    assert (out.view_as(case.query).double() - case.reference_cross()).abs().max() < 2e-5
+    assert deferred.nbytes == 0
+
+
+def test_a_deferred_mask_of_another_batch_is_packed_and_read(upstream_forward_extend):
+    from moss_vl import masks
+    from sglang_batches import mask_requests_of
+
+    cls, original = upstream_forward_extend
+    case, fb = a_case()
+    staircase = masks.build_staircase(mask_requests_of(case.spec), 2)
+    fb.cross_attention_custom_mask = deferred = masks.DeferredMask(staircase)
+    fb.moss_vl_staircase = masks.build_staircase(mask_requests_of(BatchSpec(case.spec.requests[:1])), 2)
+    out = patch_ascend_backend.forward_extend(
+        original, make_backend(cls, case), case.query.flatten(1), None, None, cross_layer(case),
+        fb, save_kv_cache=False,
+    )
+    assert (out.view_as(case.query).double() - case.reference_cross()).abs().max() < 2e-5
+    assert deferred.nbytes == staircase.num_elements
+
+
 def test_unpatched_forward_extend_ignores_the_mask(upstream_forward_extend):
     cls, original = upstream_forward_extend
     case, fb = a_case()

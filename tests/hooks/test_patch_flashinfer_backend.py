@@ -1,6 +1,12 @@
 """The FlashInfer staircase plan's glue, on CPU, around SGLang's real planner.
 
-Contract: with ``MOSS_VL_CROSS_ATTN_PLAN=staircase`` the hooked
+Contract: with ``MOSS_VL_CROSS_ATTN_PLAN=triton`` (default) the hooked planner
+plans wrapper 0 as upstream, leaves wrapper 1 unplanned and hands the
+staircase kernel a tile plan that covers every row once and attends exactly
+the visible (row, encoder slot) pairs; cross-attention layers run the kernel
+in wrapper 1's place. No q x kv mask is built unless a plan reads it (a
+DeferredMask, packed only for upstream's custom-mask plan).
+With ``MOSS_VL_CROSS_ATTN_PLAN=staircase`` the hooked
 ``FlashInferIndicesUpdaterPrefill.update_cross_attention`` plans wrapper 0
 exactly as upstream and wrapper 1 with unmasked segments that tile every
 query row and attend exactly the visible (row, encoder slot) pairs; with
@@ -19,6 +25,7 @@ import pytest
 import torch
 
 from attention_cases import make_case
+from moss_vl import masks
 from moss_vl.hooks import patch_flashinfer_backend
 from sglang_batches import BatchSpec, RequestSpec, forward_batch_of
 
@@ -179,9 +186,88 @@ def test_mask_plan_keeps_upstreams_custom_mask(plugin_loaded, monkeypatch):
 def test_a_mask_of_unknown_origin_is_planned_as_upstream(plugin_loaded, monkeypatch):
     monkeypatch.setenv("MOSS_VL_CROSS_ATTN_PLAN", "staircase")
     case, fb = a_batch()
+    fb.cross_attention_custom_mask = masks.pack_staircase(fb.moss_vl_staircase)
     fb.moss_vl_staircase = None
     _, (_, w1) = plan_batch(case, fb)
     assert w1.plans[-1].custom_mask is fb.cross_attention_custom_mask
+
+
+@needs_cpu_planner
+@pytest.mark.parametrize("plan", ["triton", "staircase"])
+def test_a_deferred_mask_is_packed_only_where_upstreams_plan_reads_it(plugin_loaded, monkeypatch, plan):
+    import inspect
+
+    from sglang.srt.models.moss_vl import MossVLForConditionalGeneration
+
+    monkeypatch.setenv("MOSS_VL_CROSS_ATTN_PLAN", plan)
+    case, fb = a_batch()
+    deferred = fb.cross_attention_custom_mask
+    assert isinstance(deferred, masks.DeferredMask)
+    plan_batch(case, fb)
+    assert deferred.nbytes == 0  # the staircase plans read no mask
+    fb.moss_vl_staircase = None  # now the planner cannot take the staircase
+    _, (_, w1) = plan_batch(case, fb)
+    upstream = inspect.unwrap(MossVLForConditionalGeneration._build_cross_attention_custom_mask)
+    assert torch.equal(w1.plans[-1].custom_mask, upstream(SimpleNamespace(spatial_merge_size=2), fb))
+    assert deferred.nbytes == deferred.numel()
+
+
+@needs_cpu_planner
+def test_triton_plan_leaves_wrapper1_unplanned_and_its_tiles_cover_exactly_the_visible_pairs(
+    plugin_loaded, monkeypatch
+):
+    from moss_vl import metrics
+
+    monkeypatch.setenv("MOSS_VL_CROSS_ATTN_PLAN", "triton")
+    case, fb = a_batch()
+    counter = metrics.get().mask_path.labels(path="flashinfer", plan="triton")
+    before = counter._value.get()
+    updater, (w0, w1) = plan_batch(case, fb)
+    assert len(w0.plans) == 1 and w1.plans == []
+    assert counter._value.get() == before + 1
+    kernel = updater.attn_backend.moss_vl_cross_wrapper
+    assert isinstance(kernel, patch_flashinfer_backend.StaircaseKernelWrapper)
+    visible = kernel.tiles.visible.tolist()
+    got, rows = set(), []
+    for row, count, kv_offset, _, _ in kernel.tiles.tiles.tolist():
+        rows += range(row, row + count)
+        for r in range(row, row + count):
+            got.update((r, int(kernel.kv_indices[kv_offset + j])) for j in range(visible[r]))
+    assert sorted(rows) == list(range(sum(fb.extend_seq_lens_cpu)))
+    assert got == visible_pairs(case, fb)
+    assert fb.cross_attention_custom_mask.nbytes == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [({"causal": True}, "causal"), ({"logits_soft_cap": 30.0}, "logits_soft_cap"),
+     ({"window_left": 128}, "window_left"), ({"k_scale": 0.5}, "k_scale")],
+)
+def test_kernel_wrapper_refuses_what_it_cannot_compute(kwargs, named):
+    wrapper = patch_flashinfer_backend.StaircaseKernelWrapper(None, None)
+    with pytest.raises(NotImplementedError, match=f"MOSS_VL_CROSS_ATTN_PLAN=triton.*{named}"):
+        wrapper.forward(torch.zeros(1, 4, 16), (None, None), **kwargs)
+
+
+def test_kernel_stands_in_for_wrapper1_in_cross_layers_only():
+    kernel, w0, w1 = object(), object(), object()
+    wrappers = [w0, w1]
+    backend = SimpleNamespace(
+        moss_vl_cross_wrapper=kernel, moss_vl_empty_rows=None,
+        forward_metadata=SimpleNamespace(prefill_wrappers=wrappers),
+        _get_wrapper_idx=lambda layer: int(layer.is_cross_attention),
+    )
+    seen = []
+
+    def original(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        seen.append(self.forward_metadata.prefill_wrappers[self._get_wrapper_idx(layer)])
+        return torch.zeros(2, 2)
+
+    for is_cross in (True, False):
+        layer = SimpleNamespace(is_cross_attention=is_cross)
+        patch_flashinfer_backend.forward_extend(original, backend, None, None, None, layer, None)
+        assert backend.forward_metadata.prefill_wrappers is wrappers and wrappers == [w0, w1]
+    assert seen == [kernel, w0]
 
 
 def test_empty_rows_are_zeroed_after_cross_attention_only():
@@ -202,5 +288,5 @@ def test_unknown_plan_value_is_refused(monkeypatch):
     from moss_vl import environ
 
     monkeypatch.setenv("MOSS_VL_CROSS_ATTN_PLAN", "segments")
-    with pytest.raises(ValueError, match="MOSS_VL_CROSS_ATTN_PLAN='segments': expected one of staircase, mask"):
+    with pytest.raises(ValueError, match="MOSS_VL_CROSS_ATTN_PLAN='segments': expected one of triton, staircase, mask"):
         environ.MOSS_VL_CROSS_ATTN_PLAN.get()

@@ -162,7 +162,26 @@ version (image.tag, a version as for the pools), else the chart's appVersion. */
 {{- end }}
 {{- end }}
 
-{{/* Secret holding the API key. */}}
+{{/*
+Paths the Ingress / HTTPRoute publish (Ingress pathType names), a YAML list.
+Call with (dict "health" bool).
+*/}}
+{{- define "moss-vl.publishedPaths" -}}
+- {path: /v1, type: Prefix}
+{{- if .health }}
+- {path: /health, type: Exact}
+{{- end }}
+{{- end }}
+
+{{/*
+"true" when clients must send an API key: asked for, or the endpoint leaves
+the cluster through an Ingress or HTTPRoute (then there is no way to turn it off).
+*/}}
+{{- define "moss-vl.apiKeyEnabled" -}}
+{{- if or .Values.server.apiKey.enabled .Values.ingress.enabled .Values.httpRoute.enabled }}true{{ end }}
+{{- end }}
+
+{{/* Secret holding the API key and the admin key. */}}
 {{- define "moss-vl.apiKeySecretName" -}}
 {{- default (printf "%s-api-key" (include "moss-vl.fullname" .)) .Values.server.apiKey.existingSecret }}
 {{- end }}
@@ -238,8 +257,8 @@ Call with (dict "root" $ "device" "npu").
 Values the schema cannot express; each failure names the value and the reason.
 */}}
 {{- define "moss-vl.validate" -}}
-{{- if and .Values.server.apiKey.enabled (not .Values.server.apiKey.existingSecret) (not .Values.server.apiKey.value) }}
-{{- fail "server.apiKey.enabled: set server.apiKey.existingSecret (preferred) or server.apiKey.value" }}
+{{- if eq .Values.server.apiKey.secretKey .Values.server.apiKey.adminSecretKey }}
+{{- fail "server.apiKey.adminSecretKey: must differ from server.apiKey.secretKey (the admin key is a separate key)" }}
 {{- end }}
 {{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
 {{- fail (printf "autoscaling.minReplicas (%v) is above autoscaling.maxReplicas (%v)" .Values.autoscaling.minReplicas .Values.autoscaling.maxReplicas) }}

@@ -45,7 +45,7 @@ containers:
         value: /mnt/payloads
       - name: MOSS_VL_LOADTEST_MODEL
         value: {{ $root.Values.server.servedModelName | quote }}
-      {{- if $root.Values.server.apiKey.enabled }}
+      {{- if include "moss-vl.apiKeyEnabled" $root }}
       - name: MOSS_VL_LOADTEST_API_KEY
         valueFrom:
           secretKeyRef:

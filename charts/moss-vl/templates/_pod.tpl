@@ -28,8 +28,9 @@ metadata:
     prometheus.io/port: {{ $v.server.port | quote }}
     prometheus.io/path: /metrics
     {{- end }}
-    {{- if and $v.server.apiKey.enabled (not $v.server.apiKey.existingSecret) }}
-    checksum/api-key: {{ include (print $root.Template.BasePath "/secret.yaml") $root | sha256sum }}
+    {{- /* Generated keys persist (lookup); a key given as a value rolls the pods when it changes. */}}
+    {{- if and (include "moss-vl.apiKeyEnabled" $root) $v.server.apiKey.value (not $v.server.apiKey.existingSecret) }}
+    checksum/api-key: {{ $v.server.apiKey.value | sha256sum }}
     {{- end }}
     {{- with merge (dict) (default (dict) $pool.podAnnotations) $v.podAnnotations }}
     {{- toYaml . | nindent 4 }}
@@ -165,12 +166,13 @@ spec:
         - name: MOSS_VL_EXTRA_ARGS
           value: {{ $extra | quote }}
         {{- end }}
-        {{- if $v.server.apiKey.enabled }}
-        - name: MOSS_VL_API_KEY
-          valueFrom:
-            secretKeyRef:
-              name: {{ include "moss-vl.apiKeySecretName" $root }}
-              key: {{ $v.server.apiKey.secretKey }}
+        {{- if include "moss-vl.apiKeyEnabled" $root }}
+        # Files, not values: `moss-vl serve` hands the keys to SGLang in a
+        # --config file on /dev/shm, so no key reaches argv or the environment.
+        - name: MOSS_VL_API_KEY_FILE
+          value: /etc/moss-vl/keys/api-key
+        - name: MOSS_VL_ADMIN_API_KEY_FILE
+          value: /etc/moss-vl/keys/admin-api-key
         {{- end }}
         # The weights are local: never reach a hub from the server.
         - name: HF_HUB_OFFLINE
@@ -252,6 +254,11 @@ spec:
           mountPath: /tmp
         - name: cache
           mountPath: /home/moss/.cache
+        {{- if include "moss-vl.apiKeyEnabled" $root }}
+        - name: api-keys
+          mountPath: /etc/moss-vl/keys
+          readOnly: true
+        {{- end }}
         {{- range $i, $dir := $pool.writableDirs }}
         - name: writable-{{ $i }}
           mountPath: {{ $dir }}
@@ -289,6 +296,18 @@ spec:
       emptyDir:
         sizeLimit: {{ $v.server.cache.sizeLimit }}
       {{- end }}
+    {{- if include "moss-vl.apiKeyEnabled" $root }}
+    - name: api-keys
+      secret:
+        secretName: {{ include "moss-vl.apiKeySecretName" $root }}
+        # Readable by the server's group (fsGroup) only.
+        defaultMode: 0440
+        items:
+          - key: {{ $v.server.apiKey.secretKey }}
+            path: api-key
+          - key: {{ $v.server.apiKey.adminSecretKey }}
+            path: admin-api-key
+    {{- end }}
     {{- range $i, $dir := $pool.writableDirs }}
     - name: writable-{{ $i }}
       emptyDir: {}

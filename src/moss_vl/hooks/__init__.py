@@ -41,7 +41,10 @@ patch_moss_vl: ``sglang.srt.models.moss_vl.MossVLForConditionalGeneration``
 ``._build_cross_attention_custom_mask`` and ``._insert_separator_tokens`` (replace)
     Why: upstream loops in Python per request and per frame (one launch per frame).
     How: same bytes / same tensor, built from the staircase (moss_vl.masks) with
-        no loop over frames or rows; records mask metrics.
+        no loop over frames or rows; records mask metrics. When the registered
+        hooks read the staircase itself (FlashInfer with the triton/staircase
+        plans, the Ascend path) no q x kv mask is built: a masks.DeferredMask
+        stands in and is packed only by a consumer that falls back to the bytes.
     Removal: when upstream vectorises them.
 
 patch_schedule_batch:
@@ -56,19 +59,25 @@ patch_schedule_batch:
     Why: observability only: encoder-cache hits/misses and reused/computed tokens.
     Removal: when SGLang exports these itself.
 
-patch_flashinfer_backend (CUDA): the staircase plan for cross-attention prefill.
+patch_flashinfer_backend (CUDA): the staircase plans for cross-attention prefill.
 ``...flashinfer_backend.FlashInferIndicesUpdaterPrefill.update_cross_attention`` (around)
     Why: upstream plans MOSS-VL cross-attention with FlashInfer's FA2 custom-mask
         kernel: a q x kv mask bit-packed at every prefill, fully masked work done
         anyway, no Hopper kernels.
     How: wrapper 0 (self-attention) is planned through upstream's
-        ``call_begin_forward`` as upstream's loop plans it; wrapper 1 is planned
-        once, with unmasked segments (moss_vl.masks.segment_plan) when the batch's
-        staircase is known; ``MOSS_VL_CROSS_ATTN_PLAN=mask`` keeps upstream's plan.
+        ``call_begin_forward`` as upstream's loop plans it. When the batch's
+        staircase is known, ``MOSS_VL_CROSS_ATTN_PLAN=triton`` (default) plans
+        the Triton staircase kernel on the host (moss_vl.staircase_kernel) and
+        leaves wrapper 1 unplanned; ``staircase`` plans wrapper 1 once with
+        unmasked segments (moss_vl.masks.segment_plan); ``mask`` keeps
+        upstream's plan. A DeferredMask from the builder is packed only for
+        upstream's plan.
 ``...FlashInferAttnBackend.init_forward_metadata`` (around)
     Why/How: hands the batch's staircase to the planner, which gets no ForwardBatch.
 ``...FlashInferAttnBackend.forward_extend`` (around)
-    Why/How: segments without KV leave their rows undefined; they are zeroed.
+    Why/How: in cross-attention layers the kernel stands in for wrapper 1 while
+        upstream's body writes the KV cache and calls it; after segments, rows
+        without KV are undefined and are zeroed.
     Removal (all three): when upstream plans cross-attention from a staircase.
 """
 
@@ -91,6 +100,7 @@ HOOK_MODULES = (
     "moss_vl.hooks.patch_moss_vl",
     "moss_vl.hooks.patch_schedule_batch",
     "moss_vl.hooks.patch_flashinfer_backend",
+    "moss_vl.hooks.patch_key_redaction",
 )
 
 
@@ -129,6 +139,19 @@ def per_version(
         Hook(name, target, kind, func, versions, signature, requires)
         for versions, (func, signature) in variants.items()
     ]
+
+
+# Names of the hooks this process registered with SGLang (plugin.register).
+_registered: set[str] = set()
+
+
+def mark_registered(names) -> None:
+    _registered.update(names)
+
+
+def is_registered(*names: str) -> bool:
+    """Whether every one of ``names`` was registered in this process."""
+    return all(n in _registered for n in names)
 
 
 def sglang_version() -> str | None:

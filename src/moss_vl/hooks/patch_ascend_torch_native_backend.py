@@ -163,6 +163,9 @@ def _cross_attention(
         masks.check_packed_mask_size(mask, extend, enc)
         if known_staircase is not None:
             staircase = _per_request_visible(known_staircase, extend, enc)
+        if staircase is None and isinstance(mask, masks.DeferredMask):
+            # Not this batch's staircase after all: read the bytes, built now.
+            mask = mask.materialize(query.device)
         if staircase is None:
             staircase = masks.staircase_from_packed(mask, extend, enc)
         if staircase is None:

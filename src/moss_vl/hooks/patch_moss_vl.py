@@ -6,8 +6,8 @@ import time
 
 import torch
 
-from moss_vl import masks, metrics
-from moss_vl.hooks import Hook
+from moss_vl import environ, masks, metrics
+from moss_vl.hooks import Hook, is_registered
 
 SGLANG_VERSIONS = ("0.5.17", "0.5.23")
 _CLASS = "sglang.srt.models.moss_vl.MossVLForConditionalGeneration"
@@ -36,23 +36,51 @@ def mask_requests(forward_batch) -> list[masks.MaskRequest]:
     return requests
 
 
-def build_cross_attention_custom_mask(self, forward_batch):
-    """Replacement: upstream's bytes from the staircase, no loop over frames or rows.
+# Consumers that take the staircase itself and pack the mask only where they
+# fall back to a path that reads it.
+_STAIRCASE_CONSUMERS = (
+    ("flashinfer.init_forward_metadata", "flashinfer.update_cross_attention"),
+    ("ascend.forward_extend", "ascend_native.run_sdpa_forward_extend"),
+)
 
-    The staircase is kept on the batch (``moss_vl_staircase``) so planners that
-    can use it (the FlashInfer segment plan) need not re-derive it.
+
+def staircase_consumer_registered() -> bool:
+    """Whether the mask's reader in this process takes the staircase instead of the bytes.
+
+    Upstream's only reader of ``cross_attention_custom_mask`` is FlashInfer's
+    planner (the Ascend backend reads it through the plugin alone); with
+    ``MOSS_VL_CROSS_ATTN_PLAN=mask`` or those hooks left out, the bytes are built.
+    """
+    if environ.MOSS_VL_CROSS_ATTN_PLAN.get() == "mask":
+        return False
+    return any(is_registered(*names) for names in _STAIRCASE_CONSUMERS)
+
+
+def build_cross_attention_custom_mask(self, forward_batch):
+    """Replacement: upstream's mask from the staircase, no loop over frames or rows.
+
+    The staircase is kept on the batch (``moss_vl_staircase``) for the planners
+    that use it. When those planners are the mask's only reader, no q x kv mask
+    is built: a ``masks.DeferredMask`` stands in, and a planner that falls back
+    to upstream's custom-mask path packs it then (counted in moss_vl:mask_bytes).
     """
     start = time.perf_counter()
     staircase = masks.build_staircase(mask_requests(forward_batch), self.spatial_merge_size)
     if not staircase.needs_mask:
         forward_batch.moss_vl_staircase = None
         return None
-    mask = masks.pack_staircase(staircase, forward_batch.seq_lens.device)
+    device = forward_batch.seq_lens.device
+    if staircase_consumer_registered():
+        mask = masks.DeferredMask(
+            staircase, device, on_materialize=lambda packed: metrics.count_mask_bytes(packed.numel())
+        )
+    else:
+        mask = masks.pack_staircase(staircase, device)
     seconds = time.perf_counter() - start
     forward_batch.moss_vl_staircase = staircase
     metrics.observe_mask(
         seconds,
-        num_bytes=mask.numel() * mask.element_size(),
+        num_bytes=mask.nbytes,
         elements=staircase.num_elements,
         visible=staircase.visible_elements(),
         rows_without_vision=staircase.rows_without_vision(),

@@ -54,7 +54,7 @@ PLUGIN_UNSUPPORTED = re.compile(r"moss_vl \S+: SGLang \S+ is not supported")
 PLUGIN_SKIPPED = re.compile(r"Skipping plugin moss_vl \(not in SGLANG_PLUGINS\)")
 # What a good 1x1 PNG is not: valid base64 of bytes that are no image.
 NOT_AN_IMAGE = "data:image/png;base64,bm90IGFuIGltYWdlIGF0IGFsbA=="
-A_B_VARIANTS = ("plugin_off", "mask", "staircase")
+A_B_VARIANTS = ("plugin_off", "mask", "staircase", "triton")
 
 
 # ---- results file -------------------------------------------------------------
@@ -532,6 +532,8 @@ def cmd_metrics(args, results: Results) -> int:
         "moss_vl_sample_lines": len(moss),
         "mask_path_flashinfer_staircase": total(samples, path, path="flashinfer", plan="staircase"),
         "mask_path_flashinfer_mask": total(samples, path, path="flashinfer", plan="mask"),
+        "mask_path_flashinfer_triton": total(samples, path, path="flashinfer", plan="triton"),
+        "mask_bytes": total(samples, "moss_vl:mask_bytes_total"),
         "mask_path_dropped": total(samples, path, path="dropped"),
         "mask_build_seconds_count": total(samples, "moss_vl:mask_build_seconds_count"),
         "mask_build_seconds_sum": total(samples, "moss_vl:mask_build_seconds_sum"),
@@ -557,10 +559,15 @@ def cmd_metrics(args, results: Results) -> int:
     key = f"mask_path_flashinfer_{plan}"
     results.check(section, f'mask path {{path="flashinfer",plan="{plan}"}} > 0', positive(key),
                   f"{numbers[key]}")
-    other = "mask" if plan == "staircase" else "staircase"
-    results.check(section, f'no mask path with plan="{other}"',
-                  not positive(f"mask_path_flashinfer_{other}"),
-                  f"{numbers[f'mask_path_flashinfer_{other}']}", required=False)
+    for other in ("triton", "staircase", "mask"):
+        if other != plan:
+            results.check(section, f'no mask path with plan="{other}"',
+                          not positive(f"mask_path_flashinfer_{other}"),
+                          f"{numbers[f'mask_path_flashinfer_{other}']}", required=False)
+    if plan != "mask":
+        # The staircase plans read no q x kv mask: the builder allocates none.
+        results.check(section, "moss_vl:mask_bytes_total == 0 (no q x kv mask built)",
+                      numbers["mask_bytes"] == 0, f"{numbers['mask_bytes']}", required=False)
     results.check(section, "moss_vl:mask_build_seconds_count > 0",
                   positive("mask_build_seconds_count"),
                   f"{numbers['mask_build_seconds_count']}")
@@ -683,16 +690,16 @@ def cmd_ab_report(args, results: Results) -> int:
         lines.append(f"{v:<12} {s['requests_per_s'] or 0:>8.2f} {s['ttft_p50_ms'] or 0:>12.0f} "
                      f"{s['ttft_p95_ms'] or 0:>12.0f} {s['requests']:>9} {s['failures']:>9}")
     ratios = {}
-    base = ab.get("staircase")
-    for v in ("plugin_off", "mask"):
+    base = ab.get("triton")
+    for v in ("plugin_off", "mask", "staircase"):
         s = ab.get(v)
         if s and base:
-            ratios[f"{v}/staircase"] = {
+            ratios[f"{v}/triton"] = {
                 "requests_per_s": ratio(s["requests_per_s"], base["requests_per_s"]),
                 "ttft_p50": ratio(s["ttft_p50_ms"], base["ttft_p50_ms"]),
                 "ttft_p95": ratio(s["ttft_p95_ms"], base["ttft_p95_ms"]),
             }
-    lines.append("ratios (variant / staircase): req/s > 1 = variant faster; "
+    lines.append("ratios (variant / triton): req/s > 1 = variant faster; "
                  "TTFT > 1 = variant slower")
     for k, r in ratios.items():
         lines.append(f"  {k:<22} req/s x{r['requests_per_s']}  TTFT p50 x{r['ttft_p50']}  "
@@ -769,7 +776,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("metrics")
     p.add_argument("--url", default=DEFAULT_URL)
-    p.add_argument("--expect", choices=("staircase", "mask", "off"), default="staircase")
+    p.add_argument("--expect", choices=("triton", "staircase", "mask", "off"), default="triton")
     p.add_argument("--expect-cache-hits", action="store_true")
     p.add_argument("--save", help="append the moss_vl:* and key sglang:* lines to this file")
 

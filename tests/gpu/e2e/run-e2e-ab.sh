@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Part 2 of the H200 end-to-end run (tests/gpu/e2e/README.md): the same short
 # video-like load against three servers started in turn, (a) the plugin left
-# out (SGLANG_PLUGINS=none), (b) MOSS_VL_CROSS_ATTN_PLAN=mask, (c) the default
-# staircase plan; throughput and TTFT ratios. Then, while time is left,
+# out (SGLANG_PLUGINS=none), (b) MOSS_VL_CROSS_ATTN_PLAN=mask, (c) =staircase
+# (FlashInfer segments), (d) the default triton plan; throughput and TTFT ratios. Then, while time is left,
 # tests/gpu and the GPU benchmark in this environment (SGLang 0.5.17 imports
 # here, so SGLang's own mask builder is compared too).
 # Results: $OUT/e2e-ab.log, results.json (part 1's checks too when it ran on
@@ -124,7 +124,8 @@ part2() {
         ensure_checkpoint || return 1
         run_variant plugin_off off SGLANG_PLUGINS=none
         run_variant mask mask MOSS_VL_CROSS_ATTN_PLAN=mask
-        run_variant staircase staircase
+        run_variant staircase staircase MOSS_VL_CROSS_ATTN_PLAN=staircase
+        run_variant triton triton
         step "A/B: ${AB_USERS} users, video scenario, ${AB_FRAMES} frames, ${AB_S} s each"
         "${CHECKS[@]}" ab-report
     fi

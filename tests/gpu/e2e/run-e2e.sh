@@ -33,11 +33,11 @@ part1() {
     cat "$WORK/dry-run.json"
     "${CHECKS[@]}" dry-run --file "$WORK/dry-run.json" --expect-plugins moss_vl
 
-    step "start the server (plugin loaded, default plan: staircase)"
-    start_server staircase || return 1
+    step "start the server (plugin loaded, default plan: triton)"
+    start_server triton || return 1
     # FlashInfer JIT-compiles its kernels on the first forward (about 3 min),
     # which the first /health triggers; keep 170 s for what follows.
-    wait_healthy staircase "$(at_least_10 "$(min 330 $(( $(remaining) - 170 )))")" || return 1
+    wait_healthy triton "$(at_least_10 "$(min 330 $(( $(remaining) - 170 )))")" || return 1
     "${CHECKS[@]}" plugin-log --section plugin --log "$SERVER_LOG" \
         --sglang-version "$SGLANG_EXPECTED"
 
@@ -47,7 +47,7 @@ part1() {
         --max-tokens 32
 
     step "/metrics after the chat requests"
-    "${CHECKS[@]}" metrics --url "$URL" --expect staircase --expect-cache-hits \
+    "${CHECKS[@]}" metrics --url "$URL" --expect triton --expect-cache-hits \
         --save "$WORK/metrics.txt"
 
     local load_s
@@ -84,7 +84,7 @@ part1() {
         --slo "${dir%/}/slo.txt" --exit-code "$rc"
 
     step "/metrics after the load test"
-    "${CHECKS[@]}" metrics --section metrics-after-load --url "$URL" --expect staircase \
+    "${CHECKS[@]}" metrics --section metrics-after-load --url "$URL" --expect triton \
         --expect-cache-hits --save "$WORK/metrics.txt"
 
     step "stop the server"

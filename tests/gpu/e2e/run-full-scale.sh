@@ -7,7 +7,7 @@
 # usage, from the repository root on the H200, after install.sh (batch a) and
 # run-e2e.sh (batches b, c) ran on the same warm machine:
 #   bash tests/gpu/e2e/run-full-scale.sh
-# E2E_BUDGET_S (570) bounds the whole run; FULL_VARIANTS (staircase,plugin_off)
+# E2E_BUDGET_S (570) bounds the whole run; FULL_VARIANTS (triton,plugin_off)
 # and FULL_WORKLOADS pick what runs.
 set -uo pipefail
 cd "$(dirname "$0")/../../.." || exit 2
@@ -16,7 +16,7 @@ source tests/gpu/e2e/lib.sh
 
 FULL_MODEL=${FULL_MODEL:-/tmp/moss-vl-full}
 JSONL=$WORK/full-scale.jsonl
-FULL_VARIANTS=${FULL_VARIANTS:-staircase,plugin_off}
+FULL_VARIANTS=${FULL_VARIANTS:-triton,plugin_off}
 # The published model's serving flags (REFERENCE.md), CUDA graphs kept; the
 # three backend flags are the H200 batch's limits (lib.sh says why).
 SERVE_ARGS=(
@@ -47,6 +47,7 @@ full() {
         case $variant in
             plugin_off) env_args=(SGLANG_PLUGINS=none) ;;
             mask) env_args=(MOSS_VL_CROSS_ATTN_PLAN=mask) ;;
+            staircase) env_args=(MOSS_VL_CROSS_ATTN_PLAN=staircase) ;;
             *) env_args=() ;;
         esac
         if [ "$(remaining)" -lt 150 ]; then
