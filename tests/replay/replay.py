@@ -507,6 +507,9 @@ def _volume_mount(objects, vol, vm, ro, state: Path, fs_group, pvc_dirs, host_pa
         src.mkdir(parents=True, exist_ok=True)
         items = ref.get("items") or [{"key": k, "path": k} for k in data]
         for item in items:
+            if item["key"] not in data:
+                raise KeyError(f"{kind}/{obj_name} has no key {item['key']!r} (volume {name}); "
+                               "the kubelet would not start the pod")
             f = src / item["path"]
             f.parent.mkdir(parents=True, exist_ok=True)
             f.write_bytes(data[item["key"]])

@@ -1,9 +1,9 @@
 """The router pod, replayed under its pod contract with the real sglang-router 0.3.2.
 
-Contract: the router container of the router scenario (its image's
-ENTRYPOINT and the chart's command and arguments, uid 1000, read-only root,
-/tmp an emptyDir, the API key from the Secret expanded into `--api-key`, its
-service-account token mounted as the kubelet mounts it) runs the real
+Contract: the router container of the router scenario (the chart's command
+and arguments on the router image, uid 1000, read-only root, /tmp an
+emptyDir, the API keys as files from the Secret, its service-account token
+mounted as the kubelet mounts it) runs the real
 sglang-router binary in its own network namespace. Service discovery asks a
 Kubernetes API stand-in (tests/replay/fake_kube_api.py, TLS, the token's CA)
 for this release's server pods by the chart's selector; two worker pods, each
@@ -147,8 +147,9 @@ def test_router_discovers_and_routes_to_worker_pods(state, tmp_path):
         assert all(same for *_, same in report), replay.format_lock_report(image.lock, report)
         ct.netns = router_ns.path
         assert ct.uid == 1000 and ct.read_only_root
-        assert f"--api-key={KEY}" in ct.argv  # $(MOSS_VL_API_KEY) expanded from the Secret
-        assert ct.argv[:3] == ["python3", "-m", "sglang_router.launch_router"]
+        keys = next(m for m in ct.mounts if m.path == "/etc/moss-vl/keys")
+        assert keys.read_only and (replay.Path(keys.source) / "api-key").read_text() == KEY
+        assert ct.argv[0] == "python3" and "sglang_router.launch_router" in " ".join(ct.argv)
         rlog = open(tmp_path / "router.log", "w")
         router = replay.start(ct, state, stdout=rlog, stderr=rlog)
         procs.append(router)

@@ -46,7 +46,7 @@ REPO_ID = "OpenMOSS/MOSS-VL-Instruct-0708"
 # Objects a scenario expects to exist in the cluster already (its existingSecret, ...).
 EXISTING = {
     "router-hpa": [{"kind": "Secret", "metadata": {"name": "moss-vl-api-key"},
-                    "stringData": {"api-key": "replay-key"}}],
+                    "stringData": {"api-key": "replay-key", "admin-api-key": "replay-admin-key"}}],
     "loadtest": [{"kind": "Secret", "metadata": {"name": "modelscope-token"},
                   "stringData": {"token": "replay-token"}}],
 }
@@ -212,13 +212,20 @@ def test_contract_follows_kubernetes_rules(state):
         replay.contract(objects, deployment, "server", state=state)
     secret = {"kind": "Secret", "metadata": {"name": "moss-vl-api-key"},
               "stringData": {"api-key": "k-123"}}
+    with pytest.raises(KeyError, match="admin-api-key"):
+        # a Secret volume item whose key the Secret lacks: the pod would not start either
+        replay.contract([*objects, secret], deployment, "server", state=state)
+    secret["stringData"]["admin-api-key"] = "a-456"
     ct = replay.contract([*objects, secret], deployment, "server", state=state)
-    assert ct.env["MOSS_VL_API_KEY"] == "k-123"
+    keys = next(m for m in ct.mounts if m.path == "/etc/moss-vl/keys")
+    assert keys.kind == "files" and keys.read_only
+    assert (replay.Path(keys.source) / "api-key").read_text() == "k-123"
+    assert ct.env["MOSS_VL_API_KEY_FILE"] == "/etc/moss-vl/keys/api-key"
     assert ct.env["PATH"].startswith("/opt/venv/bin:")  # from the Dockerfile's ENV
     assert ct.argv[:2] == ["moss-vl", "serve"]  # the image's ENTRYPOINT
     assert ct.workdir == "/home/moss"
-    assert replay.expand("--api-key=$(MOSS_VL_API_KEY) $$(X) $(NOPE)", ct.env) == (
-        "--api-key=k-123 $(X) $(NOPE)")
+    assert replay.expand("--key=$(MOSS_VL_API_KEY_FILE) $$(X) $(NOPE)", ct.env) == (
+        "--key=/etc/moss-vl/keys/api-key $(X) $(NOPE)")
     tmp = next(m for m in ct.mounts if m.path == "/tmp")
     assert tmp.kind == "tmpfs" and tmp.size == 4 * 2**30
 
