@@ -24,8 +24,13 @@ VPY     := $(VENV)/bin/python
 VPIP    := $(VPY) -m pip
 TOOLS   := .tools
 STAMP   := $(VENV)/.installed-$(SGLANG_VERSION)
-VENV_COMPAT  := .venv-sglang-$(SGLANG_COMPAT_VERSION)
+# `make test-compat SGLANG=0.5.24` checks any SGLang release, each in its own
+# venv; the default is the compat release `make test` checks.
+SGLANG       ?= $(SGLANG_COMPAT_VERSION)
+VENV_COMPAT  := .venv-sglang-$(SGLANG)
 COMPAT_STAMP := $(VENV_COMPAT)/.installed
+# The torch a known release needs first; any other release brings its own pin.
+COMPAT_TORCH := $(if $(filter $(SGLANG_COMPAT_VERSION),$(SGLANG)),"torch==$(TORCH_COMPAT_VERSION)",$(if $(filter $(SGLANG_VERSION),$(SGLANG)),"torch==$(TORCH_VERSION)",))
 # The plugin's CPU tests, run a second time against SGLang $(SGLANG_COMPAT_VERSION).
 COMPAT_TESTS := tests/test_masks.py tests/test_plugin.py tests/test_metrics.py tests/compat tests/hooks \
                 tests/test_staircase_kernel.py
@@ -55,21 +60,21 @@ install: $(STAMP) ## Create .venv/ with moss-vl, SGLang $(SGLANG_VERSION) and th
 $(COMPAT_STAMP): pyproject.toml
 	test -x $(VENV_COMPAT)/bin/python || $(PYTHON) -m venv $(VENV_COMPAT)
 	$(VENV_COMPAT)/bin/python -m pip install -q --upgrade "pip>=24"
-	$(VENV_COMPAT)/bin/python -m pip install -q "torch==$(TORCH_COMPAT_VERSION)" \
-	  "sglang==$(SGLANG_COMPAT_VERSION)" "pytest==$(PYTEST_VERSION)" \
+	$(VENV_COMPAT)/bin/python -m pip install -q $(COMPAT_TORCH) \
+	  "sglang==$(SGLANG)" "pytest==$(PYTEST_VERSION)" \
 	  "pytest-timeout==$(PYTEST_TIMEOUT_VERSION)"
 	# --no-deps: the package's pins are for $(SGLANG_VERSION); here SGLang's own set rules.
 	$(VENV_COMPAT)/bin/python -m pip install -q --no-deps -e .
 	touch $@
 
-install-compat: $(COMPAT_STAMP) ## Create $(VENV_COMPAT)/ (SGLang $(SGLANG_COMPAT_VERSION)) for the compatibility tests
+install-compat: $(COMPAT_STAMP) ## Create .venv-sglang-<SGLANG>/ (SGLANG=<release>, default $(SGLANG_COMPAT_VERSION)) for the compatibility tests
 
 test: $(STAMP) $(COMPAT_STAMP) $(TEST_PREREQS) ## Run the CPU test suite (what CI runs), then the plugin's tests on SGLang $(SGLANG_COMPAT_VERSION)
 	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(VPY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-compat
 
-test-compat: $(COMPAT_STAMP) ## Run the plugin's CPU tests against SGLang $(SGLANG_COMPAT_VERSION)
-	$(VENV_COMPAT)/bin/python -m pytest $(COMPAT_TESTS)
+test-compat: $(COMPAT_STAMP) ## Run the plugin's CPU tests against SGLANG=<release> (default $(SGLANG_COMPAT_VERSION)), in .venv-sglang-<release>/
+	$(VENV_COMPAT)/bin/python -m pytest $(COMPAT_TESTS) $(PYTEST_ARGS)
 
 lint: $(STAMP) ## Lint the Python code
 	$(VPY) -m ruff check src tests benchmarks loadtest hack images

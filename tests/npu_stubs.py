@@ -45,3 +45,18 @@ def import_ascend_backend():
     finally:
         for name in added:
             sys.modules.pop(name, None)
+
+
+def write_stub_packages(directory) -> str:
+    """The same stand-ins as importable packages under ``directory`` (for a
+    subprocess that must believe torch_npu is installed: the plugin's npu
+    platform and its Ascend hooks' requirements). Returns the directory."""
+    from pathlib import Path
+
+    root = Path(directory)
+    for name, attrs in _STUBS.items():
+        package = root.joinpath(*name.split("."))
+        package.mkdir(parents=True, exist_ok=True)
+        body = "".join(f"{attr} = None\n" for attr in attrs)
+        (package / "__init__.py").write_text(body)
+    return str(root)

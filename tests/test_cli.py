@@ -187,6 +187,46 @@ def test_bad_variable_is_refused_by_name(capsys, monkeypatch, var, value):
     assert var in err
 
 
+@pytest.mark.parametrize(
+    "var, value, expected",
+    [
+        ("MOSS_VL_CROSS_ATTN_PLAN", "segments",
+         "MOSS_VL_CROSS_ATTN_PLAN='segments': expected one of staircase, mask"),
+        ("MOSS_VL_DISABLE_HOOKS", "moss_vl.insert_separator",
+         "MOSS_VL_DISABLE_HOOKS='moss_vl.insert_separator': unknown hook "
+         "'moss_vl.insert_separator'; expected comma-separated names from: "),
+        ("MOSS_VL_PORT", "0", "MOSS_VL_PORT='0': expected a TCP port (1-65535)"),
+        ("MOSS_VL_MEM_FRACTION_STATIC", "1.5",
+         "MOSS_VL_MEM_FRACTION_STATIC='1.5': expected a fraction in (0, 1]"),
+        ("MOSS_VL_MAX_RUNNING_REQUESTS", "0",
+         "MOSS_VL_MAX_RUNNING_REQUESTS='0': must be at least 1"),
+    ],
+)
+def test_dry_run_refuses_every_bad_setting_with_variable_value_and_choices(
+    capsys, monkeypatch, var, value, expected
+):
+    """The plugin's own settings included: before, a bad plan passed the dry
+    run and raised at the first MOSS-VL prefill; a misspelled hook name was
+    ignored."""
+    monkeypatch.setenv(var, value)
+    code, out, err = run_main(
+        capsys, "serve", "--device", "cuda", "--model-path", HUB_ID, "--dry-run"
+    )
+    assert code == 2 and out == ""
+    assert expected in err
+
+
+def test_a_misspelled_variable_is_warned_about(capsys, monkeypatch):
+    monkeypatch.setenv("MOSS_VL_CROSS_ATTN_PLANS", "mask")
+    monkeypatch.setenv("MOSS_VL_LOADTEST_MODEL", "moss")  # the load test's own
+    code, _, err = run_main(
+        capsys, "serve", "--device", "cuda", "--model-path", HUB_ID, "--dry-run"
+    )
+    assert code == 0
+    assert "MOSS_VL_CROSS_ATTN_PLANS is set" in err and "MOSS_VL_CROSS_ATTN_PLAN?" in err
+    assert "LOADTEST" not in err
+
+
 def test_dry_run_previews_a_path_of_the_pod(capsys):
     # the path lives in the pod: a preview on a laptop warns and goes on
     code, out, err = run_main(

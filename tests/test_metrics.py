@@ -91,3 +91,35 @@ def test_unknown_path_is_refused():
 
     with pytest.raises(ValueError, match="unknown mask path 'cuda'"):
         metrics.count_mask_path("cuda", "mask")
+
+
+def test_hook_state_is_min_across_processes_and_waits_for_the_metrics_directory(tmp_path):
+    """moss_vl:hooks_applied: one process where a hook is not in effect shows 0.
+    SGLang's launcher loads plugins before it creates PROMETHEUS_MULTIPROC_DIR:
+    state set then must not import prometheus_client (it would fix the value
+    mode for SGLang's own metrics) and is recorded with the process's first metric."""
+    run_worker(tmp_path, textwrap.dedent(
+        """
+        import os, sys
+        from moss_vl import metrics
+        directory = os.environ.pop("PROMETHEUS_MULTIPROC_DIR")
+        metrics.set_hooks_applied({"a": True, "b": False})
+        metrics.set_plugin_info("0.1.0", "0.5.23", True)
+        assert "prometheus_client" not in sys.modules, "imported before the directory existed"
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+        metrics.count_prefix_match_dropped()
+        """
+    ))
+    run_worker(tmp_path, textwrap.dedent(
+        """
+        from moss_vl import metrics
+        metrics.set_hooks_applied({"a": True, "b": True})
+        metrics.set_plugin_info("0.1.0", "0.5.23", True)
+        """
+    ))
+    samples = collect(tmp_path)
+    assert samples['moss_vl:hooks_applied{hook="a"}'] == 1
+    assert samples['moss_vl:hooks_applied{hook="b"}'] == 0
+    assert samples[
+        'moss_vl:plugin_info{sglang_supported="true",sglang_version="0.5.23",version="0.1.0"}'
+    ] == 1

@@ -270,6 +270,31 @@ def test_npu_refuses_fused_attention_env(model_dir, var):
     )
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--speculative-algorithm", "NGRAM"),
+        ("--attn-cp-size", "2"),
+        ("--attention-context-parallel-size", "2"),
+        ("--dllm-algorithm", "LowConfidence"),
+    ],
+)
+def test_npu_refuses_flags_that_take_the_mask_off_the_native_path(sglang_parser, model_dir, extra):
+    parse(sglang_parser, ["--model-path", "m", *extra])  # real SGLang flags
+    err = refused(ServeConfig(device="npu", model_path=model_dir, extra_args=extra), visible=1)
+    assert err.flag == presets.ALIASES.get(extra[0], extra[0])
+    assert "cross-attention mask" in err.reason and "remove it" in err.reason
+    # cuda applies the mask in FlashInfer whatever these say
+    build_command(ServeConfig(device="cuda", model_path=model_dir, extra_args=extra), visible=1)
+
+
+def test_npu_accepts_attn_cp_size_1(model_dir):
+    build_command(
+        ServeConfig(device="npu", model_path=model_dir, extra_args=("--attn-cp-size", "1")),
+        visible=1,
+    )
+
+
 def test_sglang_device_flag_must_match_the_preset(model_dir):
     err = refused(
         ServeConfig(device="cuda", model_path=model_dir, extra_args=("--device", "npu")), visible=1

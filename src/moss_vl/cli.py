@@ -227,6 +227,22 @@ def _keys() -> tuple[str | None, str | None]:
     return api_key, admin
 
 
+def _check_variables(args: argparse.Namespace) -> None:
+    """Refuse every bad MOSS_VL_* value before anything starts, the plugin's
+    own included (the plugin reads them inside SGLang's processes and would
+    refuse them there, later); a variable whose flag was given is not read."""
+    given = {var.name for name, var in SERVE_ENV.items() if getattr(args, name) is not None}
+    errors = environ.invalid(tuple(v for v in environ.ALL if v.name not in given))
+    if errors:
+        raise Refused("; ".join(errors))
+    for name, declared in environ.unknown_names():
+        print(
+            f"moss-vl serve: warning: {name} is set but moss-vl reads no such variable "
+            f"(did you mean {declared}?)",
+            file=sys.stderr,
+        )
+
+
 def _sglang_parse(argv: Sequence[str]) -> str | None:
     """SGLang's own verdict on `argv` (its ServerArgs parser): None when it
     accepts them, else its error; None too when SGLang is not installed here."""
@@ -257,6 +273,7 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
         write_secret_config,
     )
 
+    _check_variables(args)
     device = _resolve_device(_flag_or_env(args, "device"))
     config = ServeConfig(
         device=device,

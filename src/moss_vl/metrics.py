@@ -5,7 +5,12 @@ SGLang serves metrics from several processes through
 values go to that directory. So nothing here imports prometheus_client or
 creates a metric until the first observation, which happens in SGLang's
 scheduler/worker processes after SGLang set the variable. Only counters and
-histograms are used: both aggregate across processes without a gauge mode.
+histograms are used for what is counted: both aggregate across processes
+without a gauge mode. The two state gauges (``moss_vl:hooks_applied``,
+``moss_vl:plugin_info``) are set at start, in every process that loads the
+plugin; one set before PROMETHEUS_MULTIPROC_DIR exists (SGLang's launcher
+loads plugins before it creates the directory) waits until this process
+creates its metrics, so it never decides prometheus_client's value mode.
 This module never starts an HTTP server.
 
 Recording must never break serving: a failure is logged once and ignored.
@@ -14,6 +19,7 @@ Recording must never break serving: a failure is logged once and ignored.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 logger = logging.getLogger("moss_vl")
@@ -38,7 +44,7 @@ MASK_PATHS = (
 
 class _Metrics:
     def __init__(self) -> None:
-        from prometheus_client import Counter, Histogram
+        from prometheus_client import Counter, Gauge, Histogram
 
         self.mask_build_seconds = Histogram(
             "moss_vl:mask_build_seconds",
@@ -90,11 +96,30 @@ class _Metrics:
             "moss_vl:prefix_matches_dropped",
             "Prefix-cache matches dropped because they ended inside the encoder span.",
         )
+        # "min" across processes: one process where a hook did not take
+        # effect shows 0.
+        self.hooks_applied = Gauge(
+            "moss_vl:hooks_applied",
+            "1 when the plugin hook wraps its SGLang target in every process that loaded "
+            "the plugin; 0 when it was chosen for this platform but is not in effect "
+            "(unsupported SGLang, MOSS_VL_DISABLE_HOOKS, or apply_hooks failed).",
+            ["hook"],
+            multiprocess_mode="min",
+        )
+        self.plugin_info = Gauge(
+            "moss_vl:plugin_info",
+            'Always 1: the plugin and SGLang versions; sglang_supported="false" means SGLang '
+            "runs unpatched (no moss_vl hooks).",
+            ["version", "sglang_version", "sglang_supported"],
+            multiprocess_mode="max",
+        )
 
 
 _metrics: _Metrics | None = None
 _lock = threading.Lock()
 _failed = False
+# State recorded before this process may create its metrics (see the docstring).
+_pending: list = []
 
 
 def get() -> _Metrics | None:
@@ -109,6 +134,11 @@ def get() -> _Metrics | None:
             except Exception:  # never let metrics break serving
                 _failed = True
                 logger.exception("moss_vl: metrics unavailable")
+    if _metrics is not None and _pending:
+        pending = list(_pending)
+        _pending.clear()
+        for fn in pending:
+            _record(fn)
     return _metrics
 
 
@@ -165,3 +195,33 @@ def count_encoder_cache(hits: int, misses: int, tokens_reused: int, tokens_compu
 
 def count_prefix_match_dropped() -> None:
     _record(lambda m: m.prefix_matches_dropped.inc())
+
+
+def _record_state(fn) -> None:
+    """Record now where SGLang's metrics directory exists, else at this
+    process's first metric (or never, in a process that records none)."""
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ or _metrics is not None:
+        _record(fn)
+    else:
+        _pending.append(fn)
+
+
+def set_hooks_applied(applied: dict[str, bool]) -> None:
+    """``moss_vl:hooks_applied{hook}``: 1 in effect, 0 not."""
+
+    def fn(m: _Metrics) -> None:
+        for hook, ok in applied.items():
+            m.hooks_applied.labels(hook=hook).set(1 if ok else 0)
+
+    _record_state(fn)
+
+
+def set_plugin_info(version: str, sglang_version: str | None, sglang_supported: bool) -> None:
+    def fn(m: _Metrics) -> None:
+        m.plugin_info.labels(
+            version=version,
+            sglang_version=sglang_version or "not installed",
+            sglang_supported="true" if sglang_supported else "false",
+        ).set(1)
+
+    _record_state(fn)

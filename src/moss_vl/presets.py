@@ -22,7 +22,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-SGLANG_VERSION = "0.5.23"
+from moss_vl import sglang_versions
+
+SGLANG_VERSION = sglang_versions.PINNED
 LAUNCH_MODULE = "sglang.launch_server"
 DEFAULT_HOST = "0.0.0.0"
 DEFAULT_PORT = 30000
@@ -107,6 +109,7 @@ ALIASES: dict[str, str] = {
     "--tp": "--tp-size",
     "--tensor-parallel-size": "--tp-size",
     "--enable-hicache": "--enable-hierarchical-cache",
+    "--attention-context-parallel-size": "--attn-cp-size",
 }
 
 # Flags that switch the radix cache back on (or need it) in SGLang 0.5.23.
@@ -116,6 +119,13 @@ RADIX_CACHE_FLAGS: dict[str, str] = {
     "--radix-cache-backend": "it selects a radix cache implementation",
     "--disaggregation-decode-enable-radix-cache": "it sets disable_radix_cache=False",
     "--enable-unified-cache-external-linker": "it requires radix caching enabled",
+}
+# Flags that send MOSS-VL's cross-attention to an Ascend kernel without a mask
+# input (AscendAttnBackend.forward_extend; the plugin refuses them too).
+NPU_UNMASKABLE_FLAGS: dict[str, str] = {
+    "--speculative-algorithm": "speculative decoding runs the fused MTP kernels",
+    "--attn-cp-size": "context parallelism runs the FIA kernels",
+    "--dllm-algorithm": "diffusion-LLM decoding runs its own attention",
 }
 NPU_RADIX_REASON = (
     "the npu preset runs with --disable-radix-cache: under paged KV (page 128) the radix "
@@ -130,6 +140,7 @@ GUARDED_FLAGS: frozenset[str] = frozenset(
     {flag for preset in PRESETS.values() for flag, _ in preset.flags}
     | {flag for flag, _ in COMMON_FLAGS}
     | set(RADIX_CACHE_FLAGS)
+    | set(NPU_UNMASKABLE_FLAGS)
     | {
         "--model-path",
         "--served-model-name",
@@ -460,6 +471,14 @@ def _check_merged(
         for flag, why in RADIX_CACHE_FLAGS.items():
             if flag in options:
                 raise PresetError(flag, f"forces the radix cache on ({why}); {NPU_RADIX_REASON}")
+        for flag, why in NPU_UNMASKABLE_FLAGS.items():
+            value = options[flag].values if flag in options else None
+            if value is not None and not (flag == "--attn-cp-size" and value == ["1"]):
+                raise PresetError(
+                    flag,
+                    f"{' '.join(value)} on npu: {why}, which cannot take MOSS-VL's "
+                    "cross-attention mask; remove it",
+                )
         for var in ("ASCEND_USE_FA", "ASCEND_USE_FIA"):
             raw = environ.get(var, "").strip().lower()
             if raw in ("1", "true", "yes", "on"):

@@ -94,6 +94,8 @@ def moss_vl_exposed_names() -> frozenset[str]:
             name, kind = line.split()[2:4]
             if kind == "histogram":
                 names.update({f"{name}_bucket", f"{name}_sum", f"{name}_count"})
+            elif kind == "gauge":  # labelled gauges have no sample until set
+                names.add(name)
     return frozenset(names)
 
 

@@ -9,7 +9,9 @@ a dropped cross-attention mask is critical as soon as one happens
 threshold (3 s by default); queue growth, KV usage, encoder-cache hit ratio
 and "no ready replica" (critical) are covered. TTFT and "no ready replica"
 are one rule per pool, labelled `device`, selecting that pool's pods or
-Deployment only, so a dead or slow pool fires while the other serves.
+Deployment only, so a dead or slow pool fires while the other serves. A
+plugin hook not in effect (`moss_vl:hooks_applied == 0`) and an unsupported
+SGLang (`moss_vl:plugin_info{sglang_supported="false"}`) warn.
 """
 
 from __future__ import annotations
@@ -150,3 +152,17 @@ def test_thresholds_and_extra_rules_from_values():
     got = rules(r.get("PrometheusRule", RELEASE))
     assert got["MossVLTimeToFirstTokenHigh/cuda"]["expr"].endswith("> 2")
     assert got["Custom"]["expr"] == "vector(1)"
+
+
+def test_plugin_state_alerts(case):
+    r, _ = case
+    hook = r["MossVLHookNotApplied"]
+    assert promql.metric_names(hook["expr"]) == {"moss_vl:hooks_applied"}
+    assert hook["expr"].startswith("min by (namespace, pod, hook) (") and hook["expr"].endswith(
+        "== 0"
+    )
+    unsupported = r["MossVLSGLangUnsupported"]
+    (sel,) = promql.selectors(unsupported["expr"])
+    assert sel.name == "moss_vl:plugin_info"
+    assert promql.matchers(sel)["sglang_supported"] == ("=", "false")
+    assert {hook["labels"]["severity"], unsupported["labels"]["severity"]} == {"warning"}

@@ -193,21 +193,97 @@ def test_a_mask_nobody_applied_counts_as_dropped(upstream_forward_extend):
         (dict(sinks=torch.zeros(8)), "attention-sinks kernel"),
         (dict(use_fia=True, is_hybrid_swa=True, swa=True), "sliding-window FIA kernel"),
         (dict(use_fa=True), r"FlashAttention-NPU kernel \(ASCEND_USE_FA=true\)"),
+        # Without sliding window FIA ignores the mask too.
+        (dict(use_fia=True), r"^.*on the FIA kernel \(ASCEND_USE_FIA=true\)"),
+        (dict(attn_cp_size=2, cp=True), r"context-parallel attention \(--attn-cp-size > 1\)"),
+        (dict(mode="TARGET_VERIFY"), r"speculative-decoding attention \(--speculative-algorithm\)"),
+        (dict(is_dllm_model=True), r"diffusion-LLM attention \(--dllm-algorithm\)"),
+        (dict(topk=torch.zeros(3, 2, dtype=torch.int32)), r"sparse \(top-k\) attention"),
     ],
 )
 def test_fused_paths_that_cannot_take_a_mask_are_refused(upstream_forward_extend, change, named):
     cls, original = upstream_forward_extend
     case, fb = a_case()
-    backend = make_backend(cls, case)
-    layer = cross_layer(case)
-    sinks = change.pop("sinks", None)
-    if change.pop("swa", False):
-        layer.sliding_window_size = 64
-    backend.__dict__.update(change)
+    backend, layer, fb, call = _unmaskable_setup(cls, case, fb, dict(change))
     with pytest.raises(NotImplementedError, match=named):
         patch_ascend_backend.forward_extend(
-            original, backend, case.query.flatten(1), None, None, layer, fb, sinks=sinks
+            original, backend, case.query.flatten(1), None, None, layer, fb, **call
         )
+
+
+def _unmaskable_setup(cls, case, fb, change):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    backend = make_backend(cls, case)
+    layer = cross_layer(case)
+    call = {"sinks": change.pop("sinks", None), "topk_indices": change.pop("topk", None)}
+    if change.pop("swa", False):
+        layer.sliding_window_size = 64
+    if change.pop("cp", False):
+        fb.attn_cp_metadata = object()
+    if mode := change.pop("mode", None):
+        fb.forward_mode = ForwardMode[mode]
+    backend.__dict__.update(change)
+    return backend, layer, fb, call
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(use_fia=True),
+        dict(use_fia=True, is_hybrid_swa=True, swa=True),
+        dict(use_fa=True),
+        dict(attn_cp_size=2, cp=True),
+        dict(sinks=torch.zeros(8)),
+        dict(mode="TARGET_VERIFY"),
+    ],
+    ids=["fia", "swa-fia", "fa", "context-parallel", "sinks", "speculative"],
+)
+def test_upstream_itself_never_reaches_the_native_path_there(upstream_forward_extend, change):
+    """The refusals are upstream's own branches: the real, unhooked
+    forward_extend under each setting never calls the native SDPA backend
+    (it reaches a fused NPU kernel, which fails here for want of an NPU)."""
+    cls, original = upstream_forward_extend
+    case, fb = a_case()
+    backend, layer, fb, call = _unmaskable_setup(cls, case, fb, dict(change))
+    calls = []
+    backend.native_attn = SimpleNamespace(run_sdpa_forward_extend=lambda *a, **k: calls.append(1))
+    try:
+        original(backend, case.query.flatten(1), None, None, layer, fb, False, **call)
+    except Exception:  # noqa: BLE001  a fused kernel without an NPU
+        pass
+    assert calls == []
+    assert patch_ascend_backend.unmaskable_path(
+        backend, layer, fb, call["topk_indices"], call["sinks"]
+    ) is not None
+
+
+def test_upstream_reaches_the_native_path_by_default(upstream_forward_extend):
+    cls, original = upstream_forward_extend
+    case, fb = a_case()
+    backend = make_backend(cls, case)
+    calls = []
+    backend.native_attn = SimpleNamespace(
+        run_sdpa_forward_extend=lambda q, o, *a, **k: calls.append(1) or o
+    )
+    original(backend, case.query.flatten(1), None, None, cross_layer(case), fb, False)
+    assert calls == [1]
+    assert patch_ascend_backend.unmaskable_path(backend, cross_layer(case), fb, None, None) is None
+
+
+def test_unmaskable_settings_name_the_flag_to_change():
+    found = patch_ascend_backend.unmaskable_settings(
+        use_fia=True, use_fa=True, attn_cp_size=2, speculative_algorithm="EAGLE",
+        dllm_algorithm="LowConfidence",
+    )
+    text = "\n".join(found)
+    for flag in ("ASCEND_USE_FIA=false", "ASCEND_USE_FA=false", "--attn-cp-size",
+                 "--speculative-algorithm", "--dllm-algorithm"):
+        assert flag in text
+    assert patch_ascend_backend.unmaskable_settings(
+        use_fia=False, use_fa=False, attn_cp_size=1, speculative_algorithm=None,
+        dllm_algorithm=None,
+    ) == []
 
 
 def test_self_attention_layers_pass_straight_through(upstream_forward_extend):

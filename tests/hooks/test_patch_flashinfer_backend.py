@@ -32,8 +32,9 @@ from sglang_batches import BatchSpec, RequestSpec, forward_batch_of
 
 def _planner_runs_on_cpu():
     from moss_vl.hooks import sglang_version
+    from moss_vl.sglang_versions import SGLANG_0_5_17
 
-    return sglang_version() != "0.5.17"
+    return sglang_version() not in SGLANG_0_5_17
 
 
 # 0.5.17's planner packs KV indices with a Triton kernel (GPU only); its

@@ -138,3 +138,34 @@ def test_the_registry_is_left_as_it_was(plugin_loaded, checkpoint, npu_memory):
     resolve(checkpoint, "--device", "npu")
     assert registry["MossVLForConditionalGeneration"] == before
     assert any(fn.__name__ == "_moss_vl_overrides" for fn in before)
+
+
+@pytest.mark.parametrize(
+    "flags, env, named",
+    [
+        ((), {"ASCEND_USE_FIA": "true"}, "ASCEND_USE_FIA=false"),
+        ((), {"ASCEND_USE_FA": "1"}, "ASCEND_USE_FA=false"),
+        (("--speculative-algorithm", "NGRAM"), {}, "remove --speculative-algorithm"),
+    ],
+    ids=["fia", "fa", "speculative"],
+)
+def test_npu_settings_the_mask_cannot_live_with_are_refused_at_resolution(
+    plugin_loaded, checkpoint, npu_memory, monkeypatch, flags, env, named
+):
+    """Refused while SGLang resolves its arguments (before any worker), naming
+    what to change; upstream would start and run cross-attention unmasked."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=named):
+        resolve(checkpoint, "--device", "npu", *flags)
+
+
+def test_context_parallel_is_refused_by_the_declaration(plugin_loaded, checkpoint):
+    from types import SimpleNamespace
+
+    from moss_vl.hooks.patch_overrides import refuse_unmaskable_settings
+
+    args = SimpleNamespace(attn_cp_size=2, speculative_algorithm=None, dllm_algorithm=None)
+    with pytest.raises(ValueError, match="--attn-cp-size 2"):
+        refuse_unmaskable_settings(args)
+    refuse_unmaskable_settings(SimpleNamespace(attn_cp_size=1))

@@ -12,6 +12,12 @@ patch_overrides: ``sglang.srt.arg_groups.overrides.collect_model_override_declar
         The provider sits in a registry list, so hooking it by name would not
         reach the list; the collector is the narrowest symbol that does.
     Removal: when upstream's MOSS-VL override accepts the ascend backend on npu.
+    Upstream: no SGLang issue or PR found (searched 2026-12-01). The same change
+        (ascend default on npu, assertion relaxed, radix cache off) is in the
+        SGLang copy of OpenMOSS/MOSS-VL#15 (merged 2026-09-02), not upstream.
+    Also refuses, at argument resolution, the npu settings under which the
+        Ascend backend cannot apply the mask (ASCEND_USE_FIA, ASCEND_USE_FA,
+        --attn-cp-size > 1, --speculative-algorithm, --dllm-algorithm).
 
 patch_ascend_torch_native_backend:
 ``...npu.attention.ascend_torch_native_backend.AscendTorchNativeAttnBackend.run_sdpa_forward_extend`` (around)
@@ -27,15 +33,24 @@ patch_ascend_torch_native_backend:
         give 0. Self-attention uses the full text window with a causal offset.
         Without ``encoder_lens`` the upstream body runs unchanged.
     Removal: when upstream's native backend takes the mask and fixes the window.
+    Upstream: sgl-project/sglang#38500 (open, 2026-09-08) adds
+        ``cross_attention_custom_mask`` and an unpadded cross-attention branch;
+        no upstream change found for the self-attention window.
 
 patch_ascend_backend: ``...npu.attention.ascend_backend.AscendAttnBackend.forward_extend`` (around)
     Why: it calls the native backend without the mask.
     How: for cross-attention layers, hands ``forward_batch.cross_attention_custom_mask``
         to the native call through a context variable; refuses, with a clear
-        error, paths that cannot take a mask (MLA, sinks, SWA over FIA, sparse,
-        speculative); counts a mask that was built but not consumed as
-        ``path="dropped"``.
+        error naming what to change, the branches of upstream's forward_extend
+        that cannot take a mask (MLA, diffusion LLM, sparse, speculative, sinks,
+        FIA with or without sliding window, context parallel, FA); counts a
+        mask that was built but not consumed as ``path="dropped"``. The
+        settings among these are refused at start already (patch_overrides,
+        and ``moss-vl serve``); MLA, sinks and sparse are model properties
+        MOSS-VL does not have, so they are left to this runtime check.
     Removal: with the native-backend patch.
+    Upstream: #38500 adds the parameter; no upstream change found that passes
+        the mask from ``forward_extend``.
 
 patch_moss_vl: ``sglang.srt.models.moss_vl.MossVLForConditionalGeneration``
 ``._build_cross_attention_custom_mask`` and ``._insert_separator_tokens`` (replace)
@@ -46,6 +61,7 @@ patch_moss_vl: ``sglang.srt.models.moss_vl.MossVLForConditionalGeneration``
         plans, the Ascend path) no q x kv mask is built: a masks.DeferredMask
         stands in and is packed only by a consumer that falls back to the bytes.
     Removal: when upstream vectorises them.
+    Upstream: no issue or PR found.
 
 patch_schedule_batch:
 ``sglang.srt.managers.schedule_batch.Req.init_next_round_input`` (after)
@@ -55,9 +71,13 @@ patch_schedule_batch:
     How: such a match is dropped by matching again with ``max_prefix_len=0``
         through upstream's own ``match_kv_cache``; counted.
     Removal: when upstream aligns prefix matches to the encoder span.
+    Upstream: none open. Related: sgl-project/sglang#31730 ("[XPU] Fix Encoder
+        Decoder KV Cache Alignment", closed unmerged, 2026-07) page-aligned the
+        encoder reservation in ``prepare_encoder_info_extend``.
 ``sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_encoder_info_extend`` (after)
     Why: observability only: encoder-cache hits/misses and reused/computed tokens.
     Removal: when SGLang exports these itself.
+    Upstream: no issue or PR found.
 
 patch_flashinfer_backend (CUDA): the staircase plans for cross-attention prefill.
 ``...flashinfer_backend.FlashInferIndicesUpdaterPrefill.update_cross_attention`` (around)
@@ -79,6 +99,18 @@ patch_flashinfer_backend (CUDA): the staircase plans for cross-attention prefill
         upstream's body writes the KV cache and calls it; after segments, rows
         without KV are undefined and are zeroed.
     Removal (all three): when upstream plans cross-attention from a staircase.
+    Upstream: no issue or PR found.
+
+Outside HookRegistry: ``plugin.register`` wraps ``HookRegistry.apply_hooks``
+itself so that, in every process, the chosen hooks are checked to wrap their
+targets right after SGLang applied them (apply_hooks only logs a failure).
+A hook registered through the registry could not do this: the registry
+applies it inside the very call it would have to follow.
+
+Versions: every hook fits every line in moss_vl.sglang_versions unless it
+says otherwise; tests/compat/upstream_sources.json records the normalised
+source hash of each target per release it was reviewed against
+(docs/upgrading-sglang.md).
 """
 
 from __future__ import annotations
@@ -87,8 +119,10 @@ import importlib
 import importlib.util
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+from moss_vl.sglang_versions import LINES, Line, installed, line_of
 
 logger = logging.getLogger("moss_vl")
 
@@ -103,41 +137,83 @@ HOOK_MODULES = (
     "moss_vl.hooks.patch_key_redaction",
 )
 
+KINDS = ("before", "after", "around", "replace")  # sglang HookType values
+PLATFORMS = ("cuda", "npu")
 
-@dataclass(frozen=True)
+
+def _as_lines(versions) -> tuple[Line, ...]:
+    """Lines from Line objects or line names ("0.5.23"), the older spelling."""
+    by_name = {line.name: line for line in LINES}
+    lines = []
+    for version in versions:
+        if isinstance(version, Line):
+            lines.append(version)
+        elif version in by_name:
+            lines.append(by_name[version])
+        else:
+            raise ValueError(
+                f"unknown SGLang line {version!r}; declared lines: {', '.join(by_name)} "
+                "(moss_vl.sglang_versions)"
+            )
+    return tuple(lines)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Hook:
-    """One patch: what it targets, how, for which SGLang versions, and what it needs.
+    """One patch: what it targets, how, for which SGLang lines, and what it needs.
 
+    ``sglang_versions``: the lines (moss_vl.sglang_versions) this body fits;
+    every supported line unless the body differs between them (then declare
+    one Hook per line with ``per_version``).
     ``signature`` is the parameter list the hook was written against; the
     compatibility tests compare it with the installed upstream symbol.
     ``requires`` names modules that must be importable for the target to
     resolve (e.g. ``torch_npu`` for the Ascend backend), so the hook is left
     out, quietly, on machines without them.
+    ``required_on``: platforms where the server must not run without this
+    hook (the cross-attention mask would not be applied): there a hook that
+    is left out or does not take effect stops the server.
     """
 
     name: str
     target: str
-    kind: str  # "before" | "after" | "around" | "replace" (sglang HookType values)
+    kind: str
     func: Callable
-    sglang_versions: tuple[str, ...]
     signature: tuple[str, ...]
+    sglang_versions: tuple[Line, ...] = LINES
     requires: tuple[str, ...] = field(default_factory=tuple)
+    required_on: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"hook {self.name}: kind {self.kind!r} is not one of {KINDS}")
+        if unknown := set(self.required_on) - set(PLATFORMS):
+            raise ValueError(f"hook {self.name}: required_on {sorted(unknown)} not in {PLATFORMS}")
+        object.__setattr__(self, "sglang_versions", _as_lines(self.sglang_versions))
+
+    def supports(self, version: str | None) -> bool:
+        return any(version in line for line in self.sglang_versions)
 
 
 def per_version(
     name: str,
     target: str,
     kind: str,
-    variants: dict[tuple[str, ...], tuple[Callable, tuple[str, ...]]],
+    variants: Mapping[Line, tuple[Callable, tuple[str, ...]]],
     requires: tuple[str, ...] = (),
+    required_on: tuple[str, ...] = (),
 ) -> list[Hook]:
-    """One patch whose body or target signature differs between SGLang versions.
+    """One patch whose body or target signature differs between SGLang lines.
 
-    ``variants`` maps the versions of each variant to its (func, signature).
+    ``variants`` maps each line (or tuple of lines) to its (func, signature).
     """
     return [
-        Hook(name, target, kind, func, versions, signature, requires)
-        for versions, (func, signature) in variants.items()
+        Hook(
+            name=name, target=target, kind=kind, func=func, signature=signature,
+            sglang_versions=lines if isinstance(lines, tuple) else (lines,),
+            requires=requires, required_on=required_on,
+        )
+        for lines, (func, signature) in variants.items()
     ]
 
 
@@ -155,12 +231,7 @@ def is_registered(*names: str) -> bool:
 
 
 def sglang_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("sglang")
-    except PackageNotFoundError:
-        return None
+    return installed()
 
 
 def all_hooks() -> list[Hook]:
@@ -168,6 +239,15 @@ def all_hooks() -> list[Hook]:
     for module_name in HOOK_MODULES:
         hooks.extend(importlib.import_module(module_name).TARGETS)
     return hooks
+
+
+def hook_names() -> tuple[str, ...]:
+    """Every hook name, each once, in declaration order."""
+    return tuple(dict.fromkeys(h.name for h in all_hooks()))
+
+
+def supported_line(version: str | None) -> Line | None:
+    return line_of(version)
 
 
 def missing_requirements(hook: Hook) -> list[str]:

@@ -16,7 +16,6 @@ import torch
 from moss_vl import masks, metrics
 from moss_vl.hooks import Hook
 
-SGLANG_VERSIONS = ("0.5.17", "0.5.23")
 TARGET = (
     "sglang.srt.hardware_backend.npu.attention.ascend_torch_native_backend."
     "AscendTorchNativeAttnBackend.run_sdpa_forward_extend"
@@ -227,12 +226,13 @@ TARGETS = [
         target=TARGET,
         kind="around",
         func=run_sdpa_forward_extend,
-        sglang_versions=SGLANG_VERSIONS,
         signature=(
             "self", "query", "output", "k_cache", "v_cache", "req_to_token", "req_pool_indices",
             "seq_lens", "extend_prefix_lens", "extend_seq_lens", "encoder_lens",
             "is_cross_attention", "scaling", "enable_gqa", "causal", "sliding_window_size",
             "full_to_swa_mapping", "logit_cap", "logit_capping_method",
         ),
+        # Without it the Ascend path runs cross-attention unmasked.
+        required_on=("npu",),
     ),
 ]

@@ -52,7 +52,6 @@ TARGETS = [
         target=TARGET,
         kind="around",
         func=admit_text_rows,
-        sglang_versions=("0.5.17", "0.5.23"),
         signature=("self", "forward_batch"),
     ),
 ]

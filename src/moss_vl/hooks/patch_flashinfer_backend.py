@@ -39,10 +39,10 @@ import torch
 
 from moss_vl import environ, masks, metrics
 from moss_vl.hooks import Hook, per_version
+from moss_vl.sglang_versions import SGLANG_0_5_17, SGLANG_0_5_23
 
 logger = logging.getLogger("moss_vl")
 
-SGLANG_VERSIONS = ("0.5.17", "0.5.23")
 _MODULE = "sglang.srt.layers.attention.flashinfer_backend"
 
 
@@ -339,7 +339,6 @@ TARGETS = [
         target=f"{_MODULE}.FlashInferAttnBackend.init_forward_metadata",
         kind="around",
         func=init_forward_metadata,
-        sglang_versions=SGLANG_VERSIONS,
         signature=("self", "forward_batch"),
         requires=("flashinfer",),
     ),
@@ -349,8 +348,8 @@ TARGETS = [
         f"{_MODULE}.FlashInferIndicesUpdaterPrefill.update_cross_attention",
         "around",
         {
-            ("0.5.23",): (update_cross_attention, _UPDATE_SIGNATURE + ("plan",)),
-            ("0.5.17",): (update_cross_attention, _UPDATE_SIGNATURE),
+            SGLANG_0_5_23: (update_cross_attention, _UPDATE_SIGNATURE + ("plan",)),
+            SGLANG_0_5_17: (update_cross_attention, _UPDATE_SIGNATURE),
         },
         requires=("flashinfer",),
     ),
@@ -359,7 +358,6 @@ TARGETS = [
         target=f"{_MODULE}.FlashInferAttnBackend.forward_extend",
         kind="around",
         func=forward_extend,
-        sglang_versions=SGLANG_VERSIONS,
         signature=("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache"),
         requires=("flashinfer",),
     ),

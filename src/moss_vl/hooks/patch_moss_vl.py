@@ -9,7 +9,6 @@ import torch
 from moss_vl import environ, masks, metrics
 from moss_vl.hooks import Hook, is_registered
 
-SGLANG_VERSIONS = ("0.5.17", "0.5.23")
 _CLASS = "sglang.srt.models.moss_vl.MossVLForConditionalGeneration"
 
 
@@ -122,7 +121,6 @@ TARGETS = [
         target=f"{_CLASS}._build_cross_attention_custom_mask",
         kind="replace",
         func=build_cross_attention_custom_mask,
-        sglang_versions=SGLANG_VERSIONS,
         signature=("self", "forward_batch"),
     ),
     Hook(
@@ -130,7 +128,6 @@ TARGETS = [
         target=f"{_CLASS}._insert_separator_tokens",
         kind="replace",
         func=insert_separator_tokens,
-        sglang_versions=SGLANG_VERSIONS,
         signature=("self", "hidden_states", "grid_thw"),
     ),
 ]

@@ -9,7 +9,6 @@ from moss_vl.hooks import Hook
 
 logger = logging.getLogger("moss_vl")
 
-SGLANG_VERSIONS = ("0.5.17", "0.5.23")
 TARGET = "sglang.srt.arg_groups.overrides.collect_model_override_declarations"
 MOSS_VL_ARCH = "MossVLForConditionalGeneration"
 SOURCE = "moss_vl.hooks.patch_overrides.ascend_declaration"
@@ -44,6 +43,42 @@ def _attention_state(server_args: Any) -> tuple[str, bool, Any]:
     )
 
 
+def _setting(server_args: Any, name: str, default=None):
+    """A user-level setting as resolution sees it (0.5.23: the resolving view)."""
+    try:
+        from sglang.srt.arg_groups.model_override_base import resolving_view
+    except ImportError:  # 0.5.17
+        return getattr(server_args, name, default)
+    try:
+        return getattr(resolving_view(server_args), name)
+    except AttributeError:
+        return getattr(server_args, name, default)
+
+
+def refuse_unmaskable_settings(server_args: Any) -> None:
+    """Refuse, before any worker starts, the npu settings under which the
+    Ascend backend runs MOSS-VL's cross-attention on a kernel without a mask
+    (upstream would run it unmasked; the forward_extend hook would fail at the
+    first prefill instead)."""
+    from sglang.srt.utils import get_bool_env_var
+
+    from moss_vl.hooks.patch_ascend_backend import unmaskable_settings
+
+    found = unmaskable_settings(
+        # SGLang reads both once, in AscendAttnBackend.__init__, the same way.
+        use_fia=get_bool_env_var("ASCEND_USE_FIA", "False"),
+        use_fa=get_bool_env_var("ASCEND_USE_FA", "False"),
+        attn_cp_size=_setting(server_args, "attn_cp_size", 1) or 1,
+        speculative_algorithm=_setting(server_args, "speculative_algorithm"),
+        dllm_algorithm=_setting(server_args, "dllm_algorithm"),
+    )
+    if found:
+        raise ValueError(
+            "MOSS-VL on npu applies its frame-level cross-attention mask only on the "
+            f"Ascend backend's native path: {'; '.join(found)}"
+        )
+
+
 def _declarable_fields(server_args: Any) -> frozenset:
     """Fields a model-override declaration may carry in this SGLang."""
     from sglang.srt.arg_groups.arg_utils import resolvable_fields
@@ -68,6 +103,7 @@ def ascend_declaration(server_args: Any) -> dict:
     Radix cache off: with paged KV (page 128) it keeps finished requests'
     vision pages and makes T=0 decoding non-deterministic.
     """
+    refuse_unmaskable_settings(server_args)
     _device, backends_unset, prefill = _attention_state(server_args)
     declared: dict = {}
     if backends_unset:
@@ -115,7 +151,10 @@ TARGETS = [
         target=TARGET,
         kind="around",
         func=collect_model_override_declarations,
-        sglang_versions=SGLANG_VERSIONS,
         signature=("architecture", "server_args", "hf_config"),
+        # Without it a MOSS-VL server on npu dies on upstream's flashinfer
+        # assertion, which does not name the cause, and the unmaskable npu
+        # settings are not refused.
+        required_on=("npu",),
     ),
 ]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from moss_vl import metrics
 from moss_vl.hooks import Hook, per_version
+from moss_vl.sglang_versions import SGLANG_0_5_17, SGLANG_0_5_23
 
-SGLANG_VERSIONS = ("0.5.17", "0.5.23")
 _MODULE = "sglang.srt.managers.schedule_batch"
 
 
@@ -109,8 +109,8 @@ TARGETS = [
         f"{_MODULE}.Req.init_next_round_input",
         "after",
         {
-            ("0.5.23",): (drop_partial_encoder_prefix, _INIT_NEXT_ROUND_SIGNATURE),
-            ("0.5.17",): (drop_partial_encoder_prefix_0_5_17, _INIT_NEXT_ROUND_SIGNATURE),
+            SGLANG_0_5_23: (drop_partial_encoder_prefix, _INIT_NEXT_ROUND_SIGNATURE),
+            SGLANG_0_5_17: (drop_partial_encoder_prefix_0_5_17, _INIT_NEXT_ROUND_SIGNATURE),
         },
     ),
     Hook(
@@ -118,7 +118,6 @@ TARGETS = [
         target=f"{_MODULE}.ScheduleBatch.prepare_encoder_info_extend",
         kind="after",
         func=count_encoder_cache,
-        sglang_versions=SGLANG_VERSIONS,
         signature=("self", "input_ids", "seq_lens"),
     ),
 ]
