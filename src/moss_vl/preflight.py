@@ -91,7 +91,8 @@ def run(device: str, model_path: str, env: dict[str, str], out=print) -> int:
         started = time.monotonic()
         try:
             detail = fn()
-        except Exception as err:  # noqa: BLE001 - report whatever the loader raised
+        # SystemExit too: the plugin refuses a start that way (plugin.StartRefused).
+        except (Exception, SystemExit) as err:  # noqa: BLE001 - report whatever the loader raised
             failed += 1
             out(f"preflight FAIL {name}: {type(err).__name__}: {err}")
             return False

@@ -80,6 +80,21 @@ def npu_stand_ins(state):
     return host, (str(set_env), "/usr/local/Ascend/ascend-toolkit/set_env.sh", 0o644)
 
 
+def npu_packages(state):
+    """Empty torch_npu and sgl_kernel_npu (tests/npu_stubs.py's names) for the Ascend
+    image's NPU stack, which has no wheel for this machine: the plugin refuses npu
+    without them (its Ascend hooks need them); nothing in them runs before the NPU."""
+    root = state / "npu-stand-ins"
+    files = {"torch_npu/__init__.py": "", "sgl_kernel_npu/__init__.py": "",
+             "sgl_kernel_npu/attention/__init__.py": "",
+             "sgl_kernel_npu/attention/sinks_attention.py":
+                 "attention_sinks_prefill_triton = None\nattention_sinks_triton = None\n"}
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
 def server_contract(objects, deployment, state, model_dir, extra_args):
     values_host = {}
     set_env = None
@@ -99,6 +114,8 @@ def server_contract(objects, deployment, state, model_dir, extra_args):
     ct.env["PYTHONPATH"] = stand_in_src()
     if set_env:
         ct.skeleton_files.append(set_env)
+        ct.extra_binds.append((str(npu_packages(state)), "/opt/npu-stand-ins"))
+        ct.env["PYTHONPATH"] += ":/opt/npu-stand-ins"
     return ct
 
 
