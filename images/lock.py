@@ -61,7 +61,11 @@ class Lock:
 
 
 def all_locks() -> list[Lock]:
-    locks = [Lock(IMAGES / "cuda/requirements.in", IMAGES / "cuda/requirements.lock", "x86_64")]
+    locks = [
+        Lock(IMAGES / "cuda/requirements.in", IMAGES / "cuda/requirements.lock", "x86_64"),
+        # The router image: python:3.11-slim-bookworm, glibc 2.36.
+        Lock(IMAGES / "router/requirements.in", IMAGES / "router/requirements.lock", "x86_64"),
+    ]
     for line in ASCEND_LINES:
         base = IMAGES / f"ascend/sglang-{line}"
         config = base / "uv.toml"

@@ -30,7 +30,7 @@ IMAGE_VERSION = $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' src/moss_vl/__in
 
 TEST_PREREQS += $(UV_STAMP) $(HADOLINT_STAMP)
 
-.PHONY: images image-cuda image-ascend images-lint lock image-tools
+.PHONY: images image-cuda image-ascend image-router images-lint lock image-tools
 
 $(TOOLS)/imagetools/bin/python:
 	mkdir -p $(TOOLS)/bin
@@ -52,8 +52,9 @@ $(HADOLINT_STAMP): $(TOOLS)/imagetools/bin/python
 
 image-tools: $(UV_STAMP) $(HADOLINT_STAMP) ## Install uv and hadolint into .tools/bin
 
-images-lint: $(HADOLINT_STAMP) ## hadolint both Dockerfiles (config: images/.hadolint.yaml)
-	$(HADOLINT) --config images/.hadolint.yaml images/cuda/Dockerfile images/ascend/Dockerfile
+images-lint: $(HADOLINT_STAMP) ## hadolint the Dockerfiles (config: images/.hadolint.yaml)
+	$(HADOLINT) --config images/.hadolint.yaml images/cuda/Dockerfile images/ascend/Dockerfile \
+	  images/router/Dockerfile
 
 # Each lock is resolved for the platforms and Python its image runs; the
 # resolution logic lives in one script so tests/images can re-run it.
@@ -88,4 +89,15 @@ image-ascend: ## Build openmoss/moss-vl:<version>-ascend[-sglang<line>] (ASCEND_
 	  exit 2;; esac
 	$(call build_image,--platform $(ASCEND_PLATFORMS) --build-arg SGLANG_LINE=$(ASCEND_SGLANG_LINE) $(if $(ASCEND_CANN_BASE),--build-arg CANN_BASE=$(ASCEND_CANN_BASE)),ascend,$(ASCEND_TAG_SUFFIX))
 
-images: image-cuda image-ascend ## Build both images with docker or buildah
+image-router: ## Build openmoss/moss-vl-router:<version> (sglang-router for the chart's router)
+	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then \
+	  set -x; docker buildx build --platform linux/amd64 $(IMAGE_BUILD_ARGS) \
+	    --tag $(IMAGE_REPOSITORY)-router:$(IMAGE_VERSION) --file images/router/Dockerfile . ; \
+	elif command -v buildah >/dev/null 2>&1; then \
+	  set -x; buildah build --platform linux/amd64 $(IMAGE_BUILD_ARGS) \
+	    --tag $(IMAGE_REPOSITORY)-router:$(IMAGE_VERSION) --file images/router/Dockerfile . ; \
+	else \
+	  echo "make image-router: neither a running docker engine nor buildah found" >&2; exit 1; \
+	fi
+
+images: image-cuda image-ascend image-router ## Build the server images and the router image with docker or buildah

@@ -78,6 +78,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "--cuda-graph-bs", type=int, nargs="+", metavar="BS", help="MOSS_VL_CUDA_GRAPH_BS"
     )
     serve.add_argument("--dry-run", action="store_true", help="print, do not start")
+    serve.add_argument(
+        "--preflight",
+        action="store_true",
+        help="run everything before the accelerator (writable caches, plugins, config, "
+        "remote code, processor, tokenizer), then exit 0; also fit for an init container",
+    )
     serve.add_argument("--output", choices=("text", "json"), default="text")
     serve.add_argument(
         "--engine", choices=("auto", "sglang", "transformers"), default="auto",
@@ -325,6 +331,10 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     api_key, admin_api_key = _keys()
     config = dataclasses.replace(config, api_key=api_key, admin_api_key=admin_api_key)
     visible, visible_source = _visible(device)
+    if args.preflight and not visible:
+        # Preflight stops at the accelerator: on a machine without one the
+        # count is not knowable, so it is not checked.
+        visible = None
     try:
         command = build_command(
             config, visible=visible, visible_source=visible_source, preview=args.dry_run
@@ -356,6 +366,10 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
         print(f"moss-vl serve ({device}): {env_text} {shlex.join(shown)}", flush=True)
     if args.dry_run:
         return EXIT_OK
+    if args.preflight:
+        from moss_vl import preflight
+
+        return preflight.run(device, config.model_path, command.env)
     import importlib.util
 
     if importlib.util.find_spec("sglang") is None:

@@ -7,14 +7,20 @@ real huggingface_hub:
 - refuses a malformed hub id, a relative target or an unknown source, naming it;
 - on a failed download exits 1 naming the repository, and never leaves a
   directory at the target that the server would try to load;
-- moves leftovers at the target aside to `<target>.partial` to resume there.
+- moves leftovers at the target aside to `<target>.partial` to resume there;
+- counts a sharded checkpoint with a shard its index names missing, or a
+  safetensors file shorter than its header says, as incomplete;
+- fails a download whose files differ in size from what the hub lists.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from .chart_render import CHART, RELEASE, render
 
@@ -34,6 +40,13 @@ def run(*args, env_extra=None, cwd=None):
     )
 
 
+def write_safetensors(path, n=64):
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(n, dtype=torch.float32)}, str(path))
+
+
 def test_configmap_carries_the_script(rendered, values):
     cm = rendered.maybe("ConfigMap", f"{RELEASE}-download")
     if not values["model"]["download"]["enabled"]:
@@ -50,7 +63,7 @@ def test_complete_checkpoint_is_left_alone(tmp_path):
     target = tmp_path / "MOSS-VL"
     target.mkdir()
     (target / "config.json").write_text("{}")
-    (target / "model-00001-of-00001.safetensors").write_bytes(b"\0" * 16)
+    write_safetensors(target / "model-00001-of-00001.safetensors")
     proc = run(
         "--source=huggingface",
         "--repo-id=OpenMOSS/MOSS-VL-Instruct-0708",
@@ -101,3 +114,59 @@ def test_incomplete_target_is_moved_aside(tmp_path):
     assert proc.returncode == 1
     assert not target.exists()
     assert (tmp_path / "MOSS-VL.partial" / "config.json").is_file()
+
+
+def _sharded(target, shards=2):
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    names = [f"model-{i:05d}-of-{shards:05d}.safetensors" for i in range(1, shards + 1)]
+    (target / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {f"w{i}": n for i, n in enumerate(names)}})
+    )
+    for n in names:
+        write_safetensors(target / n)
+    return names
+
+
+@pytest.mark.parametrize("damage", ["missing shard", "truncated shard"])
+def test_partial_sharded_checkpoint_is_not_complete(tmp_path, damage):
+    target = tmp_path / "MOSS-VL"
+    names = _sharded(target)
+    if damage == "missing shard":
+        (target / names[1]).unlink()
+    else:
+        data = (target / names[1]).read_bytes()
+        (target / names[1]).write_bytes(data[: len(data) - 10])
+    proc = run(
+        "--source=huggingface",
+        "--repo-id=OpenMOSS/MOSS-VL-Instruct-0708",
+        f"--target={target}",
+        cwd=tmp_path,
+    )
+    assert "nothing to download" not in proc.stdout
+    assert f"{names[1]}" in proc.stdout, proc.stdout
+    # Offline: the resumed download fails, and nothing is left at the target.
+    assert proc.returncode == 1 and not target.exists()
+
+
+def test_complete_sharded_checkpoint_is_left_alone(tmp_path):
+    target = tmp_path / "MOSS-VL"
+    _sharded(target, shards=3)
+    proc = run("--source=huggingface", "--repo-id=a/b", f"--target={target}", cwd=tmp_path)
+    assert proc.returncode == 0 and "nothing to download" in proc.stdout, proc.stderr
+
+
+def test_size_mismatch_with_the_hub_fails(tmp_path):
+    from replay.loopback_hub import LoopbackHub
+
+    repo = tmp_path / "repo"
+    _sharded(repo, shards=1)
+    target = tmp_path / "models" / "MOSS-VL"
+    target.parent.mkdir()
+    listed = {"model-00001-of-00001.safetensors": 1}
+    with LoopbackHub("OpenMOSS/MOSS-VL", repo, listed_sizes=listed) as url:
+        proc = run("--source=huggingface", "--repo-id=OpenMOSS/MOSS-VL", f"--target={target}",
+                   env_extra={"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": url}, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "model-00001-of-00001.safetensors" in proc.stderr and "the hub lists 1" in proc.stderr
+    assert not target.exists()

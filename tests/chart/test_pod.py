@@ -50,6 +50,7 @@ THIRD_PARTY_ENV = {
     "TRITON_CACHE_DIR",  # Triton JIT cache on the writable cache volume
     "ASCEND_USE_FA",  # Ascend fused attention (must be off for the mask)
     "ASCEND_USE_FIA",
+    "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION",  # SGLang: /health answers without generating
 }
 SERVE = Path(sys.executable).with_name("moss-vl")
 
@@ -58,6 +59,17 @@ def pods(rendered, values):
     for device in pools_of(values):
         dep = rendered.get("Deployment", f"{RELEASE}-{device}")
         yield device, dep["spec"]["template"]["spec"]
+
+
+def test_readiness_and_liveness_probes_do_not_generate(rendered, values):
+    # SGLang (0.5.17, 0.5.23) runs a one-token generation on /health unless this
+    # is false; tests/replay/test_probes.py calls its handler with this env.
+    for _device, spec in pods(rendered, values):
+        c = container(spec, "server")
+        assert env_of(c)["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"]["value"] == "false"
+        assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+        assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+        assert c["startupProbe"]["httpGet"]["path"] == "/health_generate"
 
 
 def test_env_names_are_declared(rendered, values):

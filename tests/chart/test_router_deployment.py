@@ -120,16 +120,18 @@ def test_pod():
     c = container(spec, "router")
     assert c["readinessProbe"]["httpGet"]["path"] == "/readiness"
     assert c["livenessProbe"]["httpGet"]["path"] == "/liveness"
-    assert c["image"] == "openmoss/moss-vl:0.1.0-cuda"
+    assert c["image"] == "openmoss/moss-vl-router:0.1.0"
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert {p["name"] for p in c["ports"]} == {"http", "metrics"}
 
 
-def test_image_follows_first_pool_or_override():
+def test_image_is_the_router_image_or_override():
+    # Never a server image (10+ GiB), whichever pool comes first.
     c = container(
         router(render("router.enabled=true", "device=npu"))["spec"]["template"]["spec"], "router"
     )
-    assert c["image"] == "openmoss/moss-vl:0.1.0-ascend"
+    assert c["image"] == "openmoss/moss-vl-router:0.1.0"
     c = container(
         router(
             render(
@@ -152,9 +154,10 @@ def test_a_pool_weighing_zero_leaves_the_workers():
 
 def test_router_repository_override_follows_the_shared_version():
     r = render(
-        "router.enabled=true", "router.image.repository=mirror.example/moss-vl", "image.tag=0.1.1"
+        "router.enabled=true", "router.image.repository=mirror.example/moss-vl-router",
+        "image.tag=0.1.1"
     )
     c = container(router(r)["spec"]["template"]["spec"], "router")
-    assert c["image"] == "mirror.example/moss-vl:0.1.1-cuda", (
+    assert c["image"] == "mirror.example/moss-vl-router:0.1.1", (
         "image.tag is a version, as for the pools"
     )

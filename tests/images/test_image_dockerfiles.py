@@ -206,9 +206,20 @@ def test_port_health_and_env_agree_with_the_preset(image):
     declared = {v.name for v in environ.ALL}
     unknown = sorted(n for n in env if n.startswith("MOSS_VL_") and n not in declared)
     assert not unknown, f"not declared in moss_vl.environ: {unknown}"
-    assert env["HOME"] == "/home/moss" and env["HF_HOME"] == "/models"
+    assert env["HOME"] == "/home/moss"
+    # The server runs with a read-only root and a read-only /models: every
+    # cache it writes must sit on the chart's cache volume (/home/moss/.cache).
+    for name in CACHE_VARS[dev]:
+        assert env.get(name, "").startswith("/home/moss/.cache/"), f"ENV {name}={env.get(name)}"
     if dev == "npu":
         assert env["MOSS_VL_ASCEND_SET_ENV"] == environ.MOSS_VL_ASCEND_SET_ENV.default
+
+
+# Variables that place a cache the server writes (HF_HOME: remote-code modules).
+CACHE_VARS = {
+    "cuda": ("HF_HOME", "TRITON_CACHE_DIR"),
+    "npu": ("HF_HOME", "TRITON_CACHE_DIR", "ASCEND_CACHE_PATH", "ASCEND_WORK_PATH"),
+}
 
 
 def test_oci_labels(image):

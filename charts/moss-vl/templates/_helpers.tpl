@@ -147,21 +147,11 @@ Call with (dict "root" $ "device" "npu").
 {{- join " and " $out }}
 {{- end }}
 
-{{/* Router image: the server image of the first pool unless router.image overrides it. */}}
+{{/* Router image: images/router (router.image); its tag defaults to the shared
+version (image.tag, a version as for the pools), else the chart's appVersion. */}}
 {{- define "moss-vl.routerImage" -}}
-{{- $first := first (include "moss-vl.devices" . | fromJsonArray) }}
 {{- $r := .Values.router.image }}
-{{- if or $r.repository $r.tag }}
-{{- $suffix := (index .Values $first).imageTagSuffix }}
-{{- $version := .Values.image.tag }}
-{{- if and $version (not (hasSuffix (printf "-%s" $suffix) $version)) }}
-{{- $version = printf "%s-%s" $version $suffix }}
-{{- end }}
-{{- $tag := default (printf "%s-%s" .Chart.AppVersion $suffix) (default $version $r.tag) }}
-{{- printf "%s:%s" (default .Values.image.repository $r.repository) $tag }}
-{{- else }}
-{{- include "moss-vl.image" (dict "root" . "device" $first) }}
-{{- end }}
+{{- printf "%s:%s" $r.repository (default (default .Chart.AppVersion .Values.image.tag) $r.tag) }}
 {{- end }}
 
 {{- define "moss-vl.serviceAccountName" -}}

@@ -92,6 +92,9 @@ spec:
         - --repo-id={{ $v.model.download.repoId }}
         - --revision={{ $v.model.download.revision }}
         - --target={{ $modelPath }}
+        {{- if eq $v.model.storage.type "hostPath" }}
+        - --host-path={{ $v.model.storage.hostPath }}
+        {{- end }}
       env:
         - name: HF_HOME
           value: /tmp/hf-home
@@ -184,6 +187,12 @@ spec:
           value: "1"
         - name: SGLANG_PLUGINS
           value: moss_vl
+        # Readiness and liveness poll /health: answer from the server's state
+        # instead of generating a token, which SGLang (0.5.17, 0.5.23) does on
+        # /health unless this is false, so a long prefill cannot fail them.
+        # The startup probe keeps /health_generate.
+        - name: SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION
+          value: "false"
         # The root filesystem is read-only; JIT caches go to the cache volume.
         - name: TRITON_CACHE_DIR
           value: /home/moss/.cache/triton
