@@ -235,6 +235,15 @@ def test_key_files_are_checked(tmp_path, capsys, monkeypatch):
         admin = tmp_path / f"{name}-admin"
         admin.write_text("samekey")
         monkeypatch.setenv("MOSS_VL_ADMIN_API_KEY_FILE", str(admin))
-        code = cli.main(["serve", "--device", "cuda", "--model-path", "org/model", "--dry-run"])
+        # A missing file is refused at a real start; a dry run (a preview of
+        # the pod's command elsewhere) warns instead, checked below.
+        dry = [] if name == "missing" else ["--dry-run"]
+        code = cli.main(["serve", "--device", "cuda", "--model-path", "org/model", *dry])
         err = capsys.readouterr().err
         assert code == cli.EXIT_REFUSED and variable in err, (name, err)
+
+    monkeypatch.setenv("MOSS_VL_API_KEY_FILE", str(tmp_path / "missing"))
+    code = cli.main(["serve", "--device", "cuda", "--model-path", "org/model", "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_OK
+    assert "warning: MOSS_VL_API_KEY_FILE" in err and "does not exist here" in err

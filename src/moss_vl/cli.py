@@ -230,10 +230,25 @@ def _env_sources(args: argparse.Namespace) -> dict[str, str]:
     return sources
 
 
-def _keys() -> tuple[str | None, str | None]:
+def _keys(preview: bool = False) -> tuple[str | None, str | None]:
     """(api key, admin key) from their files; MOSS_VL_API_KEY still works for
-    local runs, but never alongside a file (which one would win is a guess)."""
-    from moss_vl.presets import PresetError, read_key_file
+    local runs, but never alongside a file (which one would win is a guess).
+
+    A dry run previews a pod's command on another machine (`make deploy`'s
+    preflight runs the rendered pod env): a key file that lives only in the
+    pod's Secret volume is then warned about and stood in for, not refused.
+    """
+    from moss_vl.presets import PresetError, read_key_file as _read
+
+    def read_key_file(path: str, variable: str) -> str:
+        if preview and not os.path.exists(path):
+            print(
+                f"moss-vl serve: warning: {variable}: {path} does not exist here; the preview "
+                "assumes the pod's Secret volume provides it",
+                file=sys.stderr,
+            )
+            return f"<{variable}>"
+        return _read(path, variable)
 
     api_key = environ.MOSS_VL_API_KEY.get()
     api_key_file = environ.MOSS_VL_API_KEY_FILE.get()
@@ -328,7 +343,7 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
         cuda_graph_bs=_graph_bs(_flag_or_env(args, "cuda_graph_bs")),
         extra_args=_extra_args(extra),
     )
-    api_key, admin_api_key = _keys()
+    api_key, admin_api_key = _keys(preview=args.dry_run)
     config = dataclasses.replace(config, api_key=api_key, admin_api_key=admin_api_key)
     visible, visible_source = _visible(device)
     if args.preflight and not visible:

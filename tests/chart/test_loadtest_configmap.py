@@ -87,7 +87,7 @@ def test_payloads_volume_replaces_the_configmaps():
     ref = "registry.example.com/moss-vl-payloads:0.1.0"
     r = render("loadtest.enabled=true", f"loadtest.payloadsVolume.image.reference={ref}")
     assert r.maybe("ConfigMap", f"{RELEASE}-loadtest-payloads") is None
-    for kind, name in (("Job", "loadtest-master"), ("Deployment", "loadtest-worker")):
+    for kind, name in (("Job", "loadtest-r1-master"), ("Job", "loadtest-r1-worker")):
         spec = r.get(kind, f"{RELEASE}-{name}")["spec"]["template"]["spec"]
         assert {"name": "payloads", "image": {"reference": ref}} in spec["volumes"]
         mounts = spec["containers"][0]["volumeMounts"]

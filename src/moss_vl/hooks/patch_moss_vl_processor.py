@@ -14,6 +14,7 @@ success and failure alike; tests/testing/test_video_sglang.py counts them).
 from __future__ import annotations
 
 from moss_vl.hooks import Hook
+from moss_vl.sglang_versions import SGLANG_0_5_17
 
 _MODULE = "sglang.srt.multimodal.processors.moss_vl"
 
@@ -85,7 +86,6 @@ TARGETS = [
         target=f"{_MODULE}.MossVLImageProcessor._normalize_single_video_input",
         kind="around",
         func=client_video_errors,
-        sglang_versions=("0.5.17", "0.5.23"),
         signature=("self", "video_input"),
     ),
     Hook(
@@ -94,7 +94,7 @@ TARGETS = [
         kind="replace",
         func=normalize_videos_without_leaks,
         # 0.5.23 cleans up itself (return_exceptions, then removes what was written).
-        sglang_versions=("0.5.17",),
+        sglang_versions=(SGLANG_0_5_17,),
         signature=("self", "video_data"),
     ),
 ]
