@@ -91,20 +91,29 @@ replay_part() {
         "${CHECKS[@]}" note --section replay --name "no EROFS/EACCES in the server log" --ok pass
     fi
 
-    step "the chart's helm test pod against it"
-    timeout "$(at_least_10 "$(min 330 $(( $(remaining) - 100 )))")" "${REPLAY[@]}" \
-        --state "$STATE/helm-test" --hosts --workload Pod/moss-vl-test-chat --container chat-png \
-        >"$WORK/replay-helm-test.log" 2>&1
-    rc=$?
-    tail -n 20 "$WORK/replay-helm-test.log"
-    "${CHECKS[@]}" note --section replay --name "helm test pod" \
-        --ok "$([ $rc -eq 0 ] && echo pass || echo fail)" --detail "exit $rc"
+    local pod
+    for pod in moss-vl-test-chat moss-vl-test-chat-cuda; do
+        step "the chart's helm test pod $pod against it"
+        timeout "$(at_least_10 "$(min 200 $(( $(remaining) - 100 )))")" "${REPLAY[@]}" \
+            --state "$STATE/$pod" --hosts --workload "Pod/$pod" --container chat-png \
+            >"$WORK/replay-$pod.log" 2>&1
+        rc=$?
+        tail -n 20 "$WORK/replay-$pod.log"
+        "${CHECKS[@]}" note --section replay --name "helm test pod $pod" \
+            --ok "$([ $rc -eq 0 ] && echo pass || echo fail)" --detail "exit $rc"
+    done
+
+    step "chat completions against the replayed server (default plan: triton)"
+    timeout "$(at_least_10 "$(min 150 $(( $(remaining) - 120 )))")" "${CHECKS[@]}" chat \
+        --url "$URL" --max-tokens 16
+    "${CHECKS[@]}" metrics --url "$URL" --expect triton --expect-cache-hits \
+        --save "$WORK/metrics.txt"
 
     step "the chart's load test: master Job + one worker"
-    "${REPLAY[@]}" --state "$STATE/master" --hosts --workload Job/moss-vl-loadtest-master \
+    "${REPLAY[@]}" --state "$STATE/master" --hosts --workload Job/moss-vl-loadtest-r1-master \
         --container locust >"$WORK/replay-locust-master.log" 2>&1 &
     local master=$!
-    "${REPLAY[@]}" --state "$STATE/worker" --hosts --workload Deployment/moss-vl-loadtest-worker \
+    "${REPLAY[@]}" --state "$STATE/worker" --hosts --workload Job/moss-vl-loadtest-r1-worker \
         --container locust >"$WORK/replay-locust-worker.log" 2>&1 &
     local worker=$!
     timeout "$(at_least_10 "$(min 200 $(( $(remaining) - 30 )))")" tail --pid="$master" -f /dev/null
@@ -116,6 +125,9 @@ replay_part() {
     "${CHECKS[@]}" note --section replay --name "in-cluster load test (master + worker)" \
         --ok "$([ $rc -eq 0 ] && echo pass || echo fail)" --detail "master exit $rc"
 
+    step "/metrics after the load test"
+    "${CHECKS[@]}" metrics --section metrics-after-load --url "$URL" --expect triton \
+        --save "$WORK/metrics.txt"
     "${CHECKS[@]}" summary
 }
 
