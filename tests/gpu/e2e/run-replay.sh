@@ -33,6 +33,10 @@ REPLAY=(python3 tests/replay/replay.py --rendered "$OBJECTS" --venv "$STANDIN"
 standin_venv() {
     rm -rf "$STANDIN"
     python3 -m venv --system-site-packages --without-pip "$STANDIN" || return 1
+    # The H200's python3 is itself a venv (torch, numpy): --system-site-packages
+    # reaches only its base interpreter, so its site-packages join by a .pth.
+    python3 -c 'import site; print("\n".join(site.getsitepackages()))' \
+        >"$(echo "$STANDIN"/lib/python3*/site-packages)/h200-image.pth"
     # The images' console scripts, pointing at the image's interpreter path.
     local name module
     for name in moss-vl:moss_vl.cli locust:locust.main; do
