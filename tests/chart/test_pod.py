@@ -419,7 +419,33 @@ def test_video_limits_reach_sglang(rendered, values):
         # Refusal limits go out only when set: not every processor knows the keys.
         assert ("max_duration_seconds" in config) == bool(video["maxDurationSeconds"])
         assert ("max_video_bytes" in config) == bool(video["maxBytes"])
-        assert parsed["media_url_max_file_size_mb"] == video["maxDownloadMiB"]
+        if video["maxDownloadMiB"]:
+            assert parsed["media_url_max_file_size_mb"] == video["maxDownloadMiB"]
+        else:  # SGLang 0.5.17 has no such flag: not passed unless asked for
+            assert "--media-url-max-file-size-mb" not in extra
+
+
+COMPAT_PYTHON = Path(__file__).resolve().parents[2] / ".venv-sglang-0.5.17" / "bin" / "python"
+
+
+@pytest.mark.skipif(not COMPAT_PYTHON.exists(), reason="no .venv-sglang-0.5.17 (make install-compat)")
+def test_server_args_parse_on_the_npu_default_line(rendered, values):
+    # The npu pool's default image carries SGLang 0.5.17 (chart README): every
+    # rendered server argument must be one its parser knows (the H200 replay
+    # found --media-url-max-file-size-mb, a 0.5.23 flag, refused there).
+    code = (
+        "import argparse, shlex, sys\n"
+        "from sglang.srt.server_args import ServerArgs\n"
+        "p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p)\n"
+    )
+    extras = [env_of(container(spec, "server")).get("MOSS_VL_EXTRA_ARGS", {}).get("value", "")
+              for device, spec in pods(rendered, values) if device == "npu"]
+    if not extras:
+        pytest.skip("no npu pool in this scenario")
+    code += "for a in sys.argv[1:]: p.parse_args(['--model-path', '/m', *shlex.split(a)])\n"
+    proc = subprocess.run([str(COMPAT_PYTHON), "-c", code, *extras],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-800:]
 
 
 def test_video_refusal_limits_and_overrides():

@@ -257,3 +257,17 @@ def test_config_only_and_cli(tmp_path):
     assert not list(written.glob("*.safetensors"))
     assert AutoConfig.from_pretrained(written, trust_remote_code=True).model_type == "moss_vl"
     assert type(AutoProcessor.from_pretrained(written, trust_remote_code=True)).__name__ == "MossVLProcessor"
+
+
+def test_remote_code_needs_no_pyav_for_images():
+    # transformers refuses to load remote code whose imports are missing
+    # (dynamic_module_utils.check_imports); the images' servers have no PyAV,
+    # so the processor may import it only where a video is decoded, in a try
+    # block (the H200 replay found the processor refused without it).
+    from transformers.dynamic_module_utils import get_imports
+
+    from moss_vl.testing import checkpoint
+
+    for name in checkpoint.REMOTE_CODE_FILES:
+        imports = get_imports(str(checkpoint.HERE / name))
+        assert "av" not in imports, (name, imports)

@@ -166,7 +166,9 @@ spec:
         {{- $videoConfig := dict "video_fps" $vid.fps "max_frames" (int64 $vid.maxFrames) "video_max_pixels" (int64 $vid.maxPixels) }}
         {{- if $vid.maxDurationSeconds }}{{ $_ := set $videoConfig "max_duration_seconds" $vid.maxDurationSeconds }}{{ end }}
         {{- if $vid.maxBytes }}{{ $_ := set $videoConfig "max_video_bytes" (int64 $vid.maxBytes) }}{{ end }}
-        {{- $videoArgs := printf "--mm-process-config %s --media-url-max-file-size-mb %d" (dict "video" $videoConfig | toJson | squote) (int64 $vid.maxDownloadMiB) }}
+        {{- $videoArgs := printf "--mm-process-config %s" (dict "video" $videoConfig | toJson | squote) }}
+        {{- /* SGLang 0.5.23 has this flag, 0.5.17 (the npu default line) refuses it: only when set. */}}
+        {{- if $vid.maxDownloadMiB }}{{ $videoArgs = printf "%s --media-url-max-file-size-mb %d" $videoArgs (int64 $vid.maxDownloadMiB) }}{{ end }}
         {{- $extra := list $videoArgs $v.server.extraArgs $pool.extraArgs | compact | join " " }}
         {{- if $extra }}
         - name: MOSS_VL_EXTRA_ARGS

@@ -185,9 +185,19 @@ def _video_name(video, index):
     return f"video {index} of the request"
 
 
+def _pyav():
+    # Imported in a try block: transformers refuses to load remote code whose
+    # imports are missing unless they sit in one, and images need no PyAV.
+    try:
+        import av
+    except ImportError as err:
+        raise ImportError("decoding a video needs PyAV (pip install av)") from err
+    return av
+
+
 def decode_video(video, index, settings):
     """Sampled frames of one video: (list of (3, H, W) uint8 tensors, their times in s)."""
-    import av  # PyAV; only needed when a request carries a video
+    av = _pyav()
 
     name = _video_name(video, index)
     if isinstance(video, dict):
@@ -248,7 +258,7 @@ def _duration(container, stream):
 
 
 def _sample(container, stream, duration, settings, name):
-    import av
+    av = _pyav()
 
     start = float(stream.start_time * stream.time_base) if stream.start_time is not None else 0.0
     decoded = []  # (seconds, frame) for every frame when the duration is unknown
