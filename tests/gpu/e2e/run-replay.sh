@@ -78,6 +78,17 @@ replay_part() {
     "${CHECKS[@]}" note --section replay --name "preflight under the pod contract" \
         --ok "$([ $rc -eq 0 ] && echo pass || echo fail)" --detail "exit $rc"
 
+    step "the GPU as the NVIDIA device plugin hands it to a container"
+    # The device plugin gives the container's user the device nodes and the
+    # container toolkit the driver libraries; here: nodes opened to every uid,
+    # the host's driver library path added to the image's.
+    ls -l /dev/nvidia* 2>&1 | head -5
+    chmod 0666 /dev/nvidia* 2>/dev/null
+    local driver_libs
+    driver_libs=$(dirname "$(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF; exit}')" 2>/dev/null)
+    echo "driver libraries: ${driver_libs:-not found by ldconfig}; host LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+    REPLAY+=(--env "LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64${driver_libs:+:$driver_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+
     step "server container: the image's ENTRYPOINT under the pod contract"
     SERVER_LOG=$WORK/server-replay.log
     set -m
