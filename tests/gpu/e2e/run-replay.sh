@@ -88,6 +88,15 @@ replay_part() {
     driver_libs=$(dirname "$(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF; exit}')" 2>/dev/null)
     echo "driver libraries: ${driver_libs:-not found by ldconfig}; host LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
     REPLAY+=(--env "LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64${driver_libs:+:$driver_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+    # The replayed root is an overlay of the host's root filesystem, which does
+    # not show the mounts below it: the driver (and CUDA toolkit, nvcc for
+    # FlashInfer's JIT) where they are mounts are bound in, as the toolkit does.
+    local dir
+    for dir in /usr/local/nvidia /usr/local/cuda "$driver_libs"; do
+        [ -n "$dir" ] && [ -d "$dir" ] && mountpoint -q "$dir" && REPLAY+=(--bind "$dir:$dir") \
+            && echo "bound into the container: $dir"
+    done
+    findmnt -rn -o TARGET | grep -E '^/usr|^/opt' | head -5
 
     step "server container: the image's ENTRYPOINT under the pod contract"
     SERVER_LOG=$WORK/server-replay.log
