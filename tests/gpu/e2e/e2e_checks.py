@@ -52,7 +52,7 @@ import moss_vl_chat as chat  # noqa: E402
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 DEFAULT_URL = "http://127.0.0.1:30000"
 PLUGIN_LINE = re.compile(
-    r"moss_vl (?P<moss>\S+): registered (?P<n>\d+) hooks for SGLang (?P<sglang>\S+?):"
+    r"moss_vl (?P<moss>\S+): registered (?P<n>\d+) hooks for SGLang (?P<sglang>[^\s:]+)[ :]"
 )
 PLUGIN_UNSUPPORTED = re.compile(r"moss_vl \S+: SGLang \S+ is not supported")
 PLUGIN_SKIPPED = re.compile(r"Skipping plugin moss_vl \(not in SGLANG_PLUGINS\)")

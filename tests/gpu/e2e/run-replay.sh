@@ -38,6 +38,8 @@ standin_venv() {
     python3 -c 'import site; print("\n".join(site.getsitepackages()))' \
         >"$(echo "$STANDIN"/lib/python3*/site-packages)/h200-image.pth"
     # The images' console scripts, pointing at the image's interpreter path.
+    # FlashInfer's JIT runs ninja, which the image's venv carries (its lock).
+    ln -s "$(command -v ninja)" "$STANDIN/bin/ninja" || return 1
     local name module
     for name in moss-vl:moss_vl.cli locust:locust.main; do
         module=${name#*:}
