@@ -60,7 +60,12 @@ def attend(q, k, v, scale, impl="sdpa", causal_offset=None):
     """Attention of every query row on k/v; `causal_offset` makes row r see keys <= r + offset."""
     groups = q.shape[0] // k.shape[0]
     if impl == "flash_attention_2" and q.is_cuda:
-        from flash_attn import flash_attn_func
+        # In a try block: transformers refuses remote code whose imports are
+        # missing (check_imports), and flash_attn is optional.
+        try:
+            from flash_attn import flash_attn_func
+        except ImportError as err:
+            raise ImportError("attn_implementation='flash_attention_2' needs flash-attn") from err
 
         # flash_attn aligns the causal mask bottom-right, i.e. offset = S - L.
         if causal_offset is not None and causal_offset != k.shape[1] - q.shape[1]:
@@ -639,9 +644,12 @@ class MossVLForConditionalGeneration(MossVLPreTrainedModel, GenerationMixin):
                 states = states.to(text.embed_tokens.weight.dtype)
                 for index in text.cross_attention_layers:
                     encoder_kv[index] = text.layers[index].cross_attn.encoder_kv(
-                        states, vision_positions, text.rotary)
+                        states, vision_positions.to(device), text.rotary)
                 if cross_attention_mask is not None:
-                    visible = visible_kv_len_from_mask(cross_attention_mask, grid_thw, merge)
+                    # On the model's device: the positions and prefix lengths are
+                    # computed on the host from the processor's metadata.
+                    visible = visible_kv_len_from_mask(
+                        cross_attention_mask, grid_thw, merge).to(device)
                     row_sees = (visible > 0).to(device)
                     if not apply_cross_attention_mask:
                         visible = None
