@@ -468,8 +468,13 @@ def service_hosts(objects: list[dict], address: str = "127.0.0.1") -> dict[str, 
 def _volume_mount(objects, vol, vm, ro, state: Path, fs_group, pvc_dirs, host_paths) -> Mount:
     path = vm["mountPath"]
     name = vol["name"]
-    if "subPath" in vm:
-        raise ValueError(f"volumeMount {vm['name']}: subPath is not replayed yet")
+    sub_path = vm.get("subPath")
+    if sub_path and ("emptyDir" in vol or "configMap" in vol or "secret" in vol):
+        raise ValueError(f"volumeMount {vm['name']}: subPath on {sorted(set(vol) - {'name'})} "
+                         "is not replayed yet")
+    if sub_path and (sub_path.startswith("/") or ".." in Path(sub_path).parts):
+        raise ValueError(f"volumeMount {vm['name']}: subPath {sub_path!r} must be relative, "
+                         "without '..' (the API server refuses it)")
     if "emptyDir" in vol:
         limit = (vol["emptyDir"] or {}).get("sizeLimit")
         return Mount(path, "tmpfs", read_only=ro,
@@ -484,6 +489,8 @@ def _volume_mount(objects, vol, vm, ro, state: Path, fs_group, pvc_dirs, host_pa
             # (fsGroupChangePolicy OnRootMismatch changes only a mismatching root).
             os.chown(src, 0, fs_group)
             src.chmod(0o2775)
+        if sub_path:
+            src = _sub_path_dir(src, sub_path)
         return Mount(path, "bind", str(src), ro or vol["persistentVolumeClaim"].get("readOnly", False))
     if "hostPath" in vol:
         hp = vol["hostPath"]
@@ -496,6 +503,8 @@ def _volume_mount(objects, vol, vm, ro, state: Path, fs_group, pvc_dirs, host_pa
         elif kind in ("Directory", "File") and not src.exists():
             raise FileNotFoundError(f"hostPath {hp['path']} (type {kind}) does not exist "
                                     f"(replayed from {src}); the pod would not start")
+        if sub_path:
+            src = _sub_path_dir(src, sub_path)
         return Mount(path, "bind", str(src), ro)
     if "configMap" in vol or "secret" in vol:
         kind = "ConfigMap" if "configMap" in vol else "Secret"
@@ -519,6 +528,17 @@ def _volume_mount(objects, vol, vm, ro, state: Path, fs_group, pvc_dirs, host_pa
         # The kubelet mounts configMap and secret volumes read-only, whatever the mount says.
         return Mount(path, "files", str(src), True)
     raise ValueError(f"volume {name}: kind {sorted(set(vol) - {'name'})} is not replayed")
+
+
+def _sub_path_dir(volume_root: Path, sub_path: str) -> Path:
+    """The kubelet creates a missing subPath directory inside the volume as root;
+    under a setgid fsGroup root it inherits the group (mode 0775 here: the
+    kubelet's exact mode for it was not checked against a cluster)."""
+    target = volume_root / sub_path
+    if not target.exists():
+        target.mkdir(parents=True)
+        target.chmod(0o775 | (volume_root.stat().st_mode & 0o2000))
+    return target
 
 
 # ---- the Python stand-in ------------------------------------------------------------

@@ -100,8 +100,8 @@ def test_loadtest_master_and_worker(state, netns, tmp_path):
     try:
         (state / "m").mkdir()
         (state / "w").mkdir()
-        m = client_contract(objects, "Job", "moss-vl-loadtest-master", "locust", state / "m", netns)
-        w = client_contract(objects, "Deployment", "moss-vl-loadtest-worker", "locust",
+        m = client_contract(objects, "Job", "moss-vl-loadtest-r1-master", "locust", state / "m", netns)
+        w = client_contract(objects, "Job", "moss-vl-loadtest-r1-worker", "locust",
                             state / "w", netns)
         assert m.argv[0] == "locust" and "--master" in m.argv and "--worker" in w.argv
         mout = open(tmp_path / "master.log", "w")

@@ -18,6 +18,8 @@ mounted as the kubelet would; tests/replay/replay.py):
 
 from __future__ import annotations
 
+import json
+import os
 import stat
 
 import pytest
@@ -36,6 +38,7 @@ REPLAYED = {
     ("Pod", "chat-png"): "test_replay_clients.py::test_helm_test_pod",
     ("Job", "locust"): "test_replay_clients.py::test_loadtest_master_and_worker",
     ("Deployment", "locust"): "test_replay_clients.py::test_loadtest_master_and_worker",
+    ("Job", "infer"): "test_batch_job",
 }
 # Server contracts preflighted in full (each takes ~40 s here): the default
 # (cuda, a claim) and npu on a hostPath with an API key.
@@ -267,3 +270,41 @@ def test_runs_as_the_pods_uid(state):
     assert lines[:3] == ["1000", "1000", "1000"], proc.stdout + proc.stderr
     assert "CapEff:\t0000000000000000" in proc.stdout and "NoNewPrivs:\t1" in proc.stdout
 
+
+
+def test_batch_job(checkpoint, state):
+    # The offline batch Job (batch-job.yaml) of the `batch` scenario, on a cuda
+    # pool so that no CANN stand-in is needed; `--device cpu` appended (argparse
+    # takes the last) because this machine has no accelerator. Everything else
+    # is the pod's: uid, read-only root, weights read-only, input and output on
+    # the data claim, HF_HOME on the cache emptyDir.
+    objects = rendered("batch", ["device=cuda"])
+    job = next(o for o in objects if o["kind"] == "Job" and o["metadata"]["name"].endswith("-batch"))
+    spec = replay.pod_spec(job)
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+              for v in spec["volumes"] if "persistentVolumeClaim" in v}
+    weights, data = state / "weights", state / "data"
+    weights.mkdir()
+    copy_checkpoint(checkpoint, weights / "MOSS-VL-Instruct-0708")
+    (data / "jobs" / "2026-12").mkdir(parents=True)
+    requests = [{"custom_id": f"r{i}", "body": {
+        "messages": [{"role": "user", "content": f"Say {i}."}], "max_tokens": 4}}
+        for i in range(2)]
+    (data / "jobs" / "2026-12" / "requests.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in requests))
+    os.chown(data / "jobs" / "2026-12", 1000, 1000)
+    pvc = {claims["models"]: str(weights), claims["data"]: str(data)}
+    ct = replay.contract(objects, job, "infer", state=state, pvc_dirs=pvc,
+                         extra_args=["--device", "cpu"])
+    replay.stand_in_python(ct)
+    ct.env["PYTHONPATH"] = stand_in_src()
+    assert ct.read_only_root and ct.uid == 1000
+    assert next(m for m in ct.mounts if m.path == "/models").read_only
+    proc = replay.run(ct, state, timeout=300, capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{replay.describe(ct)}\n{out}"
+    answers = [json.loads(line) for line in
+               (data / "jobs" / "2026-12" / "answers.jsonl").read_text().splitlines()]
+    assert [a["custom_id"] for a in answers] == ["r0", "r1"], answers
+    assert all("error" not in a for a in answers), answers
+    assert not any(b in out for b in BAD), out
