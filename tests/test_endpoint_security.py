@@ -31,7 +31,10 @@ from pathlib import Path
 import pytest
 
 from tests.chart.chart_render import REPO, container, render
-from tests.loadtest.fixture_server import FixtureConfig, FixtureServer
+
+# The load-test fixture imports its siblings by name, as it does run as a script.
+sys.path.insert(0, str(REPO / "tests" / "loadtest"))
+from fixture_server import FixtureConfig, FixtureServer  # noqa: E402
 
 ROUTER_PKG = REPO / ".tools" / "sglang-router-0.3.2"
 API_KEY = "client-key-0123456789"
@@ -77,22 +80,45 @@ def sglang_routes() -> list[tuple[str, str, str]]:
     return routes
 
 
-def ingress_routes(path: str, rules: list[dict]) -> bool:
-    """Kubernetes Ingress matching on the path as nginx normalises it."""
+def ingress_backend(path: str, rules: list[dict]) -> str | None:
+    """The Service an Ingress sends `path` to, as nginx normalises it.
+
+    Kubernetes matching: Exact, or Prefix path element by path element; the
+    longest matching path wins, Exact before Prefix at equal length.
+    """
     norm = posixpath.normpath(urllib.request.unquote(path.split("?")[0])) or "/"
+    best = None
     for p in rules:
-        if p["pathType"] == "Exact" and norm == p["path"]:
-            return True
-        if p["pathType"] == "Prefix":
+        if p["pathType"] == "Exact":
+            hit = norm == p["path"]
+        else:
             prefix = p["path"].rstrip("/").split("/")
-            if norm.split("/")[: len(prefix)] == prefix:
-                return True
-    return False
+            hit = norm.split("/")[: len(prefix)] == prefix
+        rank = (len(p["path"].rstrip("/")), p["pathType"] == "Exact")
+        if hit and (best is None or rank > best[0]):
+            best = (rank, p["backend"]["service"]["name"])
+    return best and best[1]
+
+
+def ingress_routes(path: str, rules: list[dict]) -> bool:
+    return ingress_backend(path, rules) is not None
+
+
+def sglang_allows(method: str, path: str, key: str | None, level: str) -> bool:
+    """SGLang 0.5.23's own decision with the keys set as the chart sets them."""
+    from sglang.srt.utils.auth import AuthLevel, decide_request_auth
+
+    return decide_request_auth(
+        method=method,
+        path=path,
+        authorization_header=key and f"Bearer {key}",
+        api_key=API_KEY,
+        admin_api_key=ADMIN_KEY,
+        auth_level=AuthLevel(level),
+    ).allowed
 
 
 def test_nothing_gets_through_the_ingress(sglang_routes):
-    from sglang.srt.utils.auth import AuthLevel, decide_request_auth
-
     ing = render("ingress.enabled=true").get("Ingress", "moss-vl")
     paths = ing["spec"]["rules"][0]["http"]["paths"]
     tried = through = routed_admin = 0
@@ -100,17 +126,9 @@ def test_nothing_gets_through_the_ingress(sglang_routes):
         routed = ingress_routes(path, paths)
         if level != "normal" or path.startswith(("/metrics", "/health_generate")):
             routed_admin += routed
-        for header in (None, f"Bearer {WRONG}"):
+        for key in (None, WRONG):
             tried += 1
-            allowed = decide_request_auth(
-                method=method,
-                path=path,
-                authorization_header=header,
-                api_key=API_KEY,
-                admin_api_key=ADMIN_KEY,
-                auth_level=AuthLevel(level),
-            ).allowed
-            through += routed and allowed
+            through += routed and sglang_allows(method, path, key, level)
     # Dot segments and encodings normalise before matching: still unrouted.
     for tricky in ("/v1/../flush_cache", "/v1/%2e%2e/flush_cache", "/v1x/models", "/V1/models"):
         assert not ingress_routes(tricky, paths), tricky
@@ -240,3 +258,59 @@ def test_nothing_gets_through_the_router(router, sglang_routes):
     assert {p for _, p, _, _ in passed} <= unauthenticated_ok
     assert all(k != API_KEY[:6] for *_, k, _ in [(m, p, k, s) for m, p, k, s in passed])
     assert worker_paths <= {"/get_model_info", "/get_server_info", "/server_info"}
+
+
+def httproute_rules(route: dict) -> list[dict]:
+    """HTTPRoute matches in the Ingress path shape (same longest-match rule)."""
+    out = []
+    for rule in route["spec"]["rules"]:
+        for m in rule["matches"]:
+            kind = {"PathPrefix": "Prefix", "Exact": "Exact"}[m["path"]["type"]]
+            for ref in rule["backendRefs"]:
+                out.append(
+                    {"path": m["path"]["value"], "pathType": kind, "backend": {"service": {"name": ref["name"]}}}
+                )
+    return out
+
+
+@pytest.mark.parametrize("edge", ["ingress", "httpRoute"])
+def test_nothing_gets_through_the_edge_and_the_router(router, sglang_routes, edge):
+    """The client's view: the rendered edge in front of the real router and the pools.
+
+    Paths the edge sends to the router are answered by the real router binary;
+    paths it sends to a pool Service by SGLang's own auth decision.
+    """
+    base = router[0]
+    values = ["router.enabled=true", f"{edge}.enabled=true", "devices={cuda,npu}"]
+    if edge == "httpRoute":
+        values.append("httpRoute.parentRefs[0].name=gw")
+    r = render(*values)
+    if edge == "ingress":
+        rules = r.get("Ingress", "moss-vl")["spec"]["rules"][0]["http"]["paths"]
+    else:
+        rules = httproute_rules(r.get("HTTPRoute", "moss-vl"))
+    pools = {"moss-vl-cuda", "moss-vl-npu"}
+    assert {p["backend"]["service"]["name"] for p in rules} <= {"moss-vl"} | pools
+    tried = through = 0
+    seen = {"moss-vl": 0, "pool": 0}
+    for method, path, level in sglang_routes:
+        backends = {p["backend"]["service"]["name"] for p in rules if ingress_backend(path, [p])}
+        target = ingress_backend(path, rules)
+        if target is None:
+            continue
+        for key in (None, WRONG):
+            tried += 1
+            if target == "moss-vl":
+                seen["moss-vl"] += 1
+                through += call(base, method, path, key)[0] < 400
+            else:
+                # Every pool the route may pick must refuse.
+                seen["pool"] += 1
+                assert backends & pools, path
+                through += sglang_allows(method, path, key, level)
+    print(f"{edge} + router: {tried} unauthenticated/wrong-key requests routed, {through} got through; {seen}")
+    assert through == 0
+    assert seen["moss-vl"] and seen["pool"]
+    assert ingress_backend("/v1/models", rules) in pools
+    assert ingress_backend("/v1/chat/completions", rules) == "moss-vl"
+    assert sglang_allows("GET", "/v1/models", API_KEY, "normal")

@@ -29,9 +29,18 @@ def test_routes_to_client_service(rendered, values):
     assert hosts == [h["host"] for h in values["ingress"]["hosts"]]
     for rule in ing["spec"]["rules"]:
         paths = rule["http"]["paths"]
-        assert [(p["path"], p["pathType"]) for p in paths] == [("/v1", "Prefix")]
-        for path in paths:
-            assert path["backend"]["service"] == {"name": RELEASE, "port": {"name": "http"}}
+        api = {"name": RELEASE, "port": {"name": "http"}}
+        if values["router"]["enabled"]:
+            # sglang-router answers /v1/models without the client key: a pool does.
+            pool = {"name": f"{RELEASE}-{values['device']}", "port": {"name": "http"}}
+            assert [(p["path"], p["pathType"], p["backend"]["service"]) for p in paths] == [
+                ("/v1", "Prefix", api),
+                ("/v1/models", "Prefix", pool),
+            ]
+        else:
+            assert [(p["path"], p["pathType"], p["backend"]["service"]) for p in paths] == [
+                ("/v1", "Prefix", api)
+            ]
 
 
 def test_default_annotations_fit_base64_images():

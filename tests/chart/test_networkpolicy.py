@@ -44,7 +44,9 @@ def test_server_policy(rendered, values):
     clients_in = all(p in peers for p in values["networkPolicy"]["clients"])
     assert clients_in == (not values["router"]["enabled"]), "with a router, clients go through it"
     controllers_in = all(p in peers for p in values["networkPolicy"]["ingressControllers"])
-    assert controllers_in == (values["ingress"]["enabled"] and not values["router"]["enabled"])
+    # With a router too: the edge sends /v1/models to the pools (the router
+    # does not check the client key there).
+    assert controllers_in == values["ingress"]["enabled"]
     assert peers_admit(peers, {**ROUTER_POD, "app.kubernetes.io/component": "helm-test"})
     worker = {**ROUTER_POD, "app.kubernetes.io/component": "loadtest"}
     assert not peers_admit(peers, worker), "the Locust master sends no requests"
@@ -121,12 +123,19 @@ def test_gateway_from_parent_refs_and_explicit():
     assert ns_peer("inference-gateway") not in peers and ns_peer(NAMESPACE) not in peers
 
 
-def test_edge_reaches_the_router_not_the_servers():
+def test_edge_reaches_the_router_and_the_pools_clients_the_router_only():
     r = render("router.enabled=true", "httpRoute.enabled=true", "ingress.enabled=true")
     router_peers = r.get("NetworkPolicy", f"{RELEASE}-router")["spec"]["ingress"][0]["from"]
     server = r.get("NetworkPolicy", f"{RELEASE}-server")["spec"]["ingress"][0]["from"]
+    # The edge: the router for the API, the pools for /v1/models.
     for peer in (ns_peer("ingress-nginx"), ns_peer(NAMESPACE)):
-        assert peer in router_peers and peer not in server
+        assert peer in router_peers and peer in server
+    client = {"podSelector": {"matchLabels": {"moss-vl.openmoss.io/client": "true"}}}
+    assert client in router_peers and client not in server
+    # No edge, no edge peer on the servers.
+    server = render("router.enabled=true").get("NetworkPolicy", f"{RELEASE}-server")
+    peers = server["spec"]["ingress"][0]["from"]
+    assert ns_peer("ingress-nginx") not in peers and client not in peers
 
 
 def test_nothing_else_without_an_edge():

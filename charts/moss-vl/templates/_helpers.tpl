@@ -174,6 +174,25 @@ Call with (dict "health" bool).
 {{- end }}
 
 {{/*
+Where the edge sends `/v1/models` when the router is on: sglang-router 0.3.2
+answers its own model list without checking the client key, so the edge skips
+the router for that one path (Prefix: /v1/models and /v1/models/<id>) and goes
+to the server pools, where SGLang checks the key. The pools serve the same
+model under the same key, so any weighted pool answers it. As a JSON list of
+{name, weight}; empty when the router is off.
+*/}}
+{{- define "moss-vl.modelListBackends" -}}
+{{- $out := list }}
+{{- if .Values.router.enabled }}
+{{- range $d := include "moss-vl.weightedDevices" . | fromJsonArray }}
+{{- $ctx := dict "root" $ "device" $d }}
+{{- $out = append $out (dict "name" (include "moss-vl.poolName" $ctx) "weight" (include "moss-vl.poolWeight" $ctx | int)) }}
+{{- end }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/*
 "true" when clients must send an API key: asked for, or the endpoint leaves
 the cluster through an Ingress or HTTPRoute (then there is no way to turn it off).
 */}}
