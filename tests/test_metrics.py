@@ -24,6 +24,7 @@ WORKER = textwrap.dedent(
     metrics.count_mask_path("ascend_native", "staircase")
     metrics.count_encoder_cache(hits=1, misses=2, tokens_reused=257, tokens_computed=514)
     metrics.count_prefix_match_dropped()
+    metrics.count_media(images=1, videos=2, video_frames=14)
     """
 )
 
@@ -77,6 +78,9 @@ def test_two_workers_are_collected_and_summed(tmp_path):
     assert samples["moss_vl:encoder_tokens_reused_total"] == 514
     assert samples["moss_vl:encoder_tokens_computed_total"] == 1028
     assert samples["moss_vl:prefix_matches_dropped_total"] == 2
+    assert samples['moss_vl:media_items_total{kind="image"}'] == 2
+    assert samples['moss_vl:media_items_total{kind="video"}'] == 4
+    assert samples["moss_vl:video_frames_total"] == 28
 
 
 def test_dropped_path_series_exists_at_zero(tmp_path):

@@ -41,6 +41,8 @@ MASK_PATHS = (
     ("dropped", "mask"),
 )
 
+MEDIA_KINDS = ("image", "video")
+
 
 class _Metrics:
     def __init__(self) -> None:
@@ -91,6 +93,18 @@ class _Metrics:
         )
         self.encoder_tokens_computed = Counter(
             "moss_vl:encoder_tokens_computed", "Encoder tokens computed by the vision tower."
+        )
+        self.media_items = Counter(
+            "moss_vl:media_items",
+            "Images and videos in requests the MOSS-VL processor accepted.",
+            ["kind"],
+        )
+        for kind in MEDIA_KINDS:
+            self.media_items.labels(kind=kind)
+        self.video_frames = Counter(
+            "moss_vl:video_frames",
+            "Frames sampled from accepted videos (fps and max_frames applied); each is "
+            "laid out as one image after its timestamp and costs one image's encoder tokens.",
         )
         self.prefix_matches_dropped = Counter(
             "moss_vl:prefix_matches_dropped",
@@ -189,6 +203,18 @@ def count_encoder_cache(hits: int, misses: int, tokens_reused: int, tokens_compu
             m.encoder_tokens_reused.inc(tokens_reused)
         if tokens_computed:
             m.encoder_tokens_computed.inc(tokens_computed)
+
+    _record(fn)
+
+
+def count_media(images: int, videos: int, video_frames: int) -> None:
+    def fn(m: _Metrics) -> None:
+        if images:
+            m.media_items.labels(kind="image").inc(images)
+        if videos:
+            m.media_items.labels(kind="video").inc(videos)
+        if video_frames:
+            m.video_frames.inc(video_frames)
 
     _record(fn)
 

@@ -59,6 +59,19 @@ def temp_files() -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
+def media_metrics() -> dict:
+    """The plugin's media counters in this process, as /metrics would show them."""
+    from prometheus_client import REGISTRY
+
+    wanted = ("moss_vl:media_items_total", "moss_vl:video_frames_total")
+    return {
+        sample.name + "".join(f"/{v}" for v in sample.labels.values()): sample.value
+        for family in REGISTRY.collect()
+        for sample in family.samples
+        if sample.name in wanted
+    }
+
+
 def main(checkpoint: str, video_dir: str) -> dict:
     for name in ("vllm", "vllm._custom_ops"):
         module = types.ModuleType(name)
@@ -165,6 +178,7 @@ def main(checkpoint: str, video_dir: str) -> dict:
             "vision_position_ids_shape": list(mm.vision_position_ids.shape),
             "media_nums_per_sample": mm.media_nums_per_sample,
             "temp_files": temp_files(),
+            "metrics": media_metrics(),
         }
 
     for name, case in spec["good"].items():
@@ -173,7 +187,7 @@ def main(checkpoint: str, video_dir: str) -> dict:
         del sent[:]
         status, payload = post(case)
         report["bad"][name] = {"status": status, "body": payload, "sent": len(sent),
-                               "temp_files": temp_files()}
+                               "temp_files": temp_files(), "metrics": media_metrics()}
     # Still serving: the first good request once more, after every bad one.
     first = next(iter(spec["good"]))
     report["after_bad"] = good(spec["good"][first])

@@ -222,6 +222,27 @@ def test_server_keeps_serving_and_no_temp_file_is_left(probe):
         assert out["temp_files"] == before
 
 
+def test_metrics_count_images_videos_and_frames(probe):
+    """moss_vl:media_items_total and moss_vl:video_frames_total, request by request."""
+    order = [*probe["good"], *probe["bad"], "after_bad"]
+    outs = {**probe["good"], **probe["bad"], "after_bad": probe["after_bad"]}
+    expected = {
+        "mp4_data_uri": (0, 1, len(MP4_TIMES)),
+        "webm_url": (0, 1, len(WEBM_TIMES)),
+        "two_videos_then_image": (1, 2, len(MP4_TIMES) + len(WEBM_TIMES)),
+        "after_bad": (0, 1, len(MP4_TIMES)),
+    }
+    names = ("moss_vl:media_items_total/image", "moss_vl:media_items_total/video",
+             "moss_vl:video_frames_total")
+    before = dict.fromkeys(names, 0.0)
+    for name in order:
+        now = outs[name]["metrics"]
+        delta = tuple(int(now.get(k, 0.0) - before[k]) for k in names)
+        # A refused video counts nothing.
+        assert delta == expected.get(name, (0, 0, 0)), (name, delta)
+        before = {k: now.get(k, 0.0) for k in names}
+
+
 def test_without_the_plugin_a_dead_url_is_a_500(workdir):
     checkpoint, directory = workdir
     spec = {"video_limits": LIMITS, "good": {"mp4_data_uri": GOOD["mp4_data_uri"]},
@@ -230,3 +251,4 @@ def test_without_the_plugin_a_dead_url_is_a_500(workdir):
     assert out["bad"]["url_refused"]["status"] == 500
     assert out["bad"]["url_refused"]["body"]["message"].startswith("Internal server error")
     assert out["temp_files_after"] == out["temp_files_before"]
+    assert out["good"]["mp4_data_uri"]["metrics"] == {}, "no moss_vl metrics without the plugin"

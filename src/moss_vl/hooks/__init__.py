@@ -129,6 +129,11 @@ patch_moss_vl_processor:
     How: client-input failures of that step become a ValueError naming the video
         (URL, or media type and length of a data URI) and the reason: HTTP 400.
     Removal: when upstream's processor maps fetch failures to client errors.
+``...MossVLImageProcessor.process_mm_data_async`` (around)
+    Why: observability only: images, videos and sampled video frames per
+        accepted request (moss_vl:media_items, moss_vl:video_frames); SGLang
+        counts neither.
+    Removal: when SGLang exports these itself.
 ``...MossVLImageProcessor._normalize_video_inputs_async`` (replace; 0.5.17 only)
     Why: 0.5.17 gathers the videos of a request without ``return_exceptions``: when
         one fails, the temporary files already written for the others stay on disk.

@@ -13,6 +13,7 @@ success and failure alike; tests/testing/test_video_sglang.py counts them).
 
 from __future__ import annotations
 
+from moss_vl import metrics
 from moss_vl.hooks import Hook
 from moss_vl.sglang_versions import SGLANG_0_5_17
 
@@ -70,6 +71,26 @@ async def normalize_videos_without_leaks(self, video_data):
     return [normalized for normalized, _ in done], temp_paths
 
 
+def _count(items) -> int:
+    if not items:
+        return 0
+    return len(items) if isinstance(items, (list, tuple)) else 1
+
+
+async def count_media(original, self, image_data, input_text, request_obj, *args, **kwargs):
+    """Around ``MossVLImageProcessor.process_mm_data_async``: images, videos and frames.
+
+    MOSS-VL lays every image and every sampled video frame out as one image
+    placeholder, so the frames are the placeholders less the images.
+    """
+    out = await original(self, image_data, input_text, request_obj, *args, **kwargs)
+    images = _count(image_data)
+    videos = _count(getattr(request_obj, "video_data", None))
+    placeholders = out.input_ids.count(out.im_token_id) if out.im_token_id is not None else 0
+    metrics.count_media(images, videos, max(0, placeholders - images) if videos else 0)
+    return out
+
+
 def remove_files(paths) -> None:
     import os
 
@@ -81,6 +102,13 @@ def remove_files(paths) -> None:
 
 
 TARGETS = [
+    Hook(
+        name="moss_vl_processor.count_media",
+        target=f"{_MODULE}.MossVLImageProcessor.process_mm_data_async",
+        kind="around",
+        func=count_media,
+        signature=("self", "image_data", "input_text", "request_obj", "args", "kwargs"),
+    ),
     Hook(
         name="moss_vl_processor.client_video_errors",
         target=f"{_MODULE}.MossVLImageProcessor._normalize_single_video_input",

@@ -643,6 +643,9 @@ def cmd_metrics(args, results: Results) -> int:
         "encoder_tokens_reused": total(samples, "moss_vl:encoder_tokens_reused_total"),
         "encoder_tokens_computed": total(samples, "moss_vl:encoder_tokens_computed_total"),
         "prefix_matches_dropped": total(samples, "moss_vl:prefix_matches_dropped_total"),
+        "media_images": total(samples, "moss_vl:media_items_total", kind="image"),
+        "media_videos": total(samples, "moss_vl:media_items_total", kind="video"),
+        "video_frames": total(samples, "moss_vl:video_frames_total"),
         "sglang_requests": total(samples, "sglang:num_requests_total"),
     }
     results.put("metrics", section, numbers)
@@ -665,6 +668,11 @@ def cmd_metrics(args, results: Results) -> int:
             results.check(section, f'no mask path with plan="{other}"',
                           not positive(f"mask_path_flashinfer_{other}"),
                           f"{numbers[f'mask_path_flashinfer_{other}']}", required=False)
+    if positive("media_videos"):
+        results.check(section, "moss_vl:video_frames_total >= videos accepted",
+                      numbers["video_frames"] is not None
+                      and numbers["video_frames"] >= numbers["media_videos"],
+                      f"{numbers['video_frames']} frames, {numbers['media_videos']} videos")
     if plan != "mask":
         # The staircase plans read no q x kv mask: the builder allocates none.
         results.check(section, "moss_vl:mask_bytes_total == 0 (no q x kv mask built)",
