@@ -753,6 +753,15 @@ def child(spec_path: str) -> None:
             _sh("mount", "--bind", m["source"], str(target))
         if m["read_only"]:
             _sh("mount", "-o", "remount,bind,ro", str(target))
+    # The local Python seen where it lives, when a volume hides it (a checkout
+    # under /tmp, where pods mount an emptyDir): console scripts name it in
+    # their shebang. Bound read-only over the volume; nothing else of it shows.
+    for path in ct["reachable"]:
+        if Path(path).exists() and any(Path(path).is_relative_to(m["path"]) for m in ct["mounts"]):
+            target = root / path.lstrip("/")
+            target.mkdir(parents=True, exist_ok=True)
+            _sh("mount", "--bind", path, str(target))
+            _sh("mount", "-o", "remount,bind,ro", str(target))
     # Stand-ins last: a volume at a parent path (/tmp) must not hide one
     # below it (/tmp/site on the H200).
     for host, inside in ct["extra_binds"]:

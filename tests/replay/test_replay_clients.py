@@ -55,8 +55,9 @@ def start_fixture(netns, port, key="", log=None):
     return proc
 
 
-def client_contract(objects, kind, name, container, state, netns):
-    ct = replay.contract(objects, replay.find(objects, kind, name), container, state=state)
+def client_contract(objects, kind, name, container, state, netns, pvc_dirs=None):
+    ct = replay.contract(objects, replay.find(objects, kind, name), container, state=state,
+                         pvc_dirs=pvc_dirs)
     replay.stand_in_python(ct)
     ct.hosts = replay.service_hosts(objects)
     ct.netns = netns.path
@@ -90,25 +91,24 @@ def test_helm_test_pod(scenario, state, netns, tmp_path):
         assert proc.returncode == 0, f"{name}\n{desc}\n{proc.stdout}\n{proc.stderr}"
 
 
-def test_loadtest_master_and_worker(state, netns, tmp_path):
-    sets = ["loadtest.workers=1", "loadtest.users=2", "loadtest.spawnRate=2",
-            "loadtest.runTime=6s"]
-    objects = rendered("loadtest", sets)
+def run_loadtest(objects, state, netns, tmp_path, pvc_dirs=None) -> tuple[str, str]:
+    """Replay the master and worker Jobs against the fixture; their logs, master exit 0."""
     log = open(tmp_path / "fixture.log", "w")
     fixture = start_fixture(netns, 30000, "", log)
     master = worker = None
     try:
         (state / "m").mkdir()
         (state / "w").mkdir()
-        m = client_contract(objects, "Job", "moss-vl-loadtest-r1-master", "locust", state / "m", netns)
+        m = client_contract(objects, "Job", "moss-vl-loadtest-r1-master", "locust", state / "m",
+                            netns, pvc_dirs)
         w = client_contract(objects, "Job", "moss-vl-loadtest-r1-worker", "locust",
-                            state / "w", netns)
+                            state / "w", netns, pvc_dirs)
         assert m.argv[0] == "locust" and "--master" in m.argv and "--worker" in w.argv
         mout = open(tmp_path / "master.log", "w")
         master = replay.start(m, state / "m", stdout=mout, stderr=mout)
         wout = open(tmp_path / "worker.log", "w")
         worker = replay.start(w, state / "w", stdout=wout, stderr=wout)
-        rc = master.wait(timeout=120)
+        rc = master.wait(timeout=180)
     finally:
         for p in (worker, master, fixture):
             if p is not None:
@@ -118,11 +118,60 @@ def test_loadtest_master_and_worker(state, netns, tmp_path):
     worker_log = (tmp_path / "worker.log").read_text()
     assert rc == 0, f"master exited {rc}\n--- master\n{master_log[-4000:]}\n--- worker\n{worker_log[-2000:]}"
     assert "1 workers connected" in master_log or "workers connected" in master_log, master_log[-3000:]
-    # Locust's percentile table: one `POST <scenario>` row per scenario, the count last.
-    posts = [int(line.split()[-1]) for line in master_log.splitlines()
-             if re.match(r"^POST\s+\S+\s+\d", line) and line.split()[-1].isdigit()]
-    assert posts and sum(posts) > 0, master_log[-3000:]
-    fixture_log = (tmp_path / "fixture.log").read_text()
     assert "Read-only file system" not in master_log + worker_log
-    assert "Permission denied" not in master_log + worker_log, fixture_log
+    assert "Permission denied" not in master_log + worker_log
+    return master_log, worker_log
 
+
+def post_counts(master_log: str) -> dict[str, int]:
+    """Locust's percentile table: one `POST <scenario>` row per scenario, the count last."""
+    return {line.split()[1]: int(line.split()[-1]) for line in master_log.splitlines()
+            if re.match(r"^POST\s+\S+\s+\d", line) and line.split()[-1].isdigit()}
+
+
+def failures(master_log: str) -> dict[str, int]:
+    """Locust's request table: `POST <name>  <count>  <failures>(<pct>%) | ...`."""
+    out = {}
+    for line in master_log.splitlines():
+        m = re.match(r"^POST\s+(\S+)\s+(\d+)\s+(\d+)\(", line)
+        if m:
+            out[m.group(1)] = int(m.group(3))
+    return out
+
+
+LOADTEST_SETS = ["loadtest.workers=1", "loadtest.users=2", "loadtest.spawnRate=2",
+                 "loadtest.runTime=6s"]
+
+
+def test_loadtest_master_and_worker(state, netns, tmp_path):
+    objects = rendered("loadtest", LOADTEST_SETS)
+    master_log, _ = run_loadtest(objects, state, netns, tmp_path)
+    posts = post_counts(master_log)
+    assert posts and sum(posts.values()) > 0, master_log[-3000:]
+
+
+def test_loadtest_sends_the_real_videos_from_a_payload_volume(state, netns, tmp_path):
+    """The in-cluster load test with `loadtest.payloadsVolume` (here a claim holding
+    loadtest/payloads/, videos of 120 KiB to 8.6 MiB): the worker sends the real
+    video files, not the 64 KiB bundled set, and the fixture accepts every one."""
+    payloads = replay.REPO / "loadtest" / "payloads"
+    videos = sorted(payloads.glob("video-*"))
+    assert videos and min(v.stat().st_size for v in videos) > 64 * 1024
+    sets = [*LOADTEST_SETS, "loadtest.runTime=10s",
+            "loadtest.payloadsVolume.persistentVolumeClaim.claimName=moss-vl-payloads",
+            "loadtest.payloadsVolume.persistentVolumeClaim.readOnly=true",
+            "loadtest.env[0].name=MOSS_VL_LOADTEST_SCENARIOS",
+            "loadtest.env[0].value=video=1"]
+    objects = rendered("loadtest", sets)
+    worker = replay.pod_spec(replay.find(objects, "Job", "moss-vl-loadtest-r1-worker"))
+    vol = next(v for v in worker["volumes"] if v["name"] == "payloads")
+    assert vol == {"name": "payloads",
+                   "persistentVolumeClaim": {"claimName": "moss-vl-payloads", "readOnly": True}}
+    master_log, _ = run_loadtest(objects, state, netns, tmp_path,
+                                 pvc_dirs={"moss-vl-payloads": str(payloads)})
+    posts = post_counts(master_log)
+    print(f"in-cluster load test, payloads from a claim: {posts} video requests, "
+          f"failures {failures(master_log)}")
+    assert set(posts) == {"video"} and posts["video"] > 0, master_log[-3000:]
+    # A truncated or re-encoded body fails the fixture's base64 and container checks.
+    assert failures(master_log).get("video") == 0, master_log[-3000:]
