@@ -49,9 +49,14 @@ def state(tmp_path) -> Path:
     return path
 
 
-def stand_in_src() -> str:
-    """This checkout's src/ for the replayed Python (the image installs it as a wheel)."""
-    return str(replay.REPO / "src")
+STAND_IN_SRC = "/opt/moss-vl-src"
+
+
+def stand_in_src(ct) -> None:
+    """This checkout's src/ for the replayed Python (the image installs it as a wheel),
+    bound read-only at a fixed path: the checkout may sit where a volume hides it (/tmp)."""
+    ct.extra_binds.append((str(replay.REPO / "src"), STAND_IN_SRC))
+    ct.env["PYTHONPATH"] = STAND_IN_SRC
 
 
 def copy_checkpoint(src: Path, dst: Path, uid: int = 1000, gid: int = 1000) -> None:

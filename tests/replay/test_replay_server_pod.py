@@ -114,7 +114,7 @@ def server_contract(objects, deployment, state, model_dir, extra_args):
     ct = replay.contract(objects, deployment, "server", state=state, pvc_dirs=pvc,
                          host_paths=values_host, extra_args=extra_args)
     replay.stand_in_python(ct)
-    ct.env["PYTHONPATH"] = stand_in_src()
+    stand_in_src(ct)
     if set_env:
         ct.skeleton_files.append(set_env)
         ct.extra_binds.append((str(npu_packages(state)), "/opt/npu-stand-ins"))
@@ -297,7 +297,7 @@ def test_batch_job(checkpoint, state):
     ct = replay.contract(objects, job, "infer", state=state, pvc_dirs=pvc,
                          extra_args=["--device", "cpu"])
     replay.stand_in_python(ct)
-    ct.env["PYTHONPATH"] = stand_in_src()
+    stand_in_src(ct)
     assert ct.read_only_root and ct.uid == 1000
     assert next(m for m in ct.mounts if m.path == "/models").read_only
     proc = replay.run(ct, state, timeout=300, capture_output=True, text=True)
