@@ -625,6 +625,8 @@ def stand_in_python(ct: Contract, venv: Path | None = None) -> Contract:
             if key.strip() == "home":
                 ct.reachable.append(str(Path(value.strip()).resolve().parent))
     ct.reachable.append(str(venv))
+    if venv != local_venv():
+        ct.reachable.append(str(local_venv()))  # a locked_venv links into it
     return ct
 
 
