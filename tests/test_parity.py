@@ -133,6 +133,26 @@ def test_a_server_without_the_mask_is_caught(stand_in, tiny_checkpoint, tmp_path
     assert not bad["ok"] and bad["max_abs_diff"] > 1e-3 and bad["worst_position"] is not None
 
 
+def test_tolerances_scale_with_the_recorded_lm_head_factor(stand_in, tiny_checkpoint, tmp_path):
+    """The same mask-less server as above, against the same weights recorded with an LM
+    head x10000: every difference is read in unscaled units, so 1e-4 becomes 1.0."""
+    import shutil
+
+    from moss_vl.testing.checkpoint import write_generator_record
+
+    handler, url = stand_in
+    handler.apply_mask = False
+    scaled = tmp_path / "scaled"
+    shutil.copytree(tiny_checkpoint, scaled)
+    write_generator_record(scaled, seed=0, lm_head_scale=1e4)
+    code, report = run(url, scaled, tmp_path, "--logprob-tol", "1e-4", "--greedy-steps", "0")
+    assert (report["lm_head_scale"], report["logprob_tol"]) == (1e4, pytest.approx(1.0))
+    bad = {e["name"]: e for e in report["prompts"]}["multi-turn-images"]["teacher_forced"]
+    assert 1e-3 < bad["max_abs_diff"] < 1.0
+    assert bad["max_abs_diff_unscaled"] == pytest.approx(bad["max_abs_diff"] / 1e4)
+    assert code == 0, report
+
+
 def test_greedy_divergence_is_explained():
     tie = parity.compare_greedy([5, 6, 7], [0.5, 0.01, 0.3], [5, 9, 7],
                                 [[[-1, 5, None], [-2, 4, None]], [[-1, 9, None], [-1.01, 6, None]]],

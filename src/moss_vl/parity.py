@@ -18,8 +18,12 @@ with images; video once the video processor lands) the script:
 
 Random weights give nearly uniform next-token distributions (near-ties everywhere):
 serve a checkpoint written with `python -m moss_vl.testing PATH --lm-head-scale 50`
-for the greedy check. Exit 0 when every prompt is within `--logprob-tol` and every
-greedy divergence is a near-tie; 1 otherwise; 2 on bad arguments.
+for the greedy check. That factor multiplies every logit, and with it the rounding
+differences between the two engines: `--logprob-tol` and `--tie-gap` are given for the
+unscaled model and multiplied by the factor the checkpoint records
+(`moss_vl_testing.json`; 1 for any other checkpoint). Exit 0 when every prompt is
+within the tolerance and every greedy divergence is a near-tie; 1 otherwise; 2 on bad
+arguments.
 """
 
 from __future__ import annotations
@@ -189,7 +193,7 @@ def compare_greedy(hf_ids, hf_gaps, sg_ids, sg_top, tie_gap) -> dict:
     return {"equal": True, "steps": len(hf_ids)}
 
 
-def greedy(engine, messages, prompt_text, images, args) -> dict:
+def greedy(engine, messages, prompt_text, images, args, tie_gap: float) -> dict:
     import torch
 
     inputs = engine.prepare(messages)
@@ -200,7 +204,7 @@ def greedy(engine, messages, prompt_text, images, args) -> dict:
     gaps = engine.score(messages, continuation=hf_ids)["top2_gap"][prompt_len:]
     served_ids, served_top = served_greedy(args.url, prompt_text, images, args.greedy_steps,
                                            args.timeout)
-    return compare_greedy(hf_ids, gaps, served_ids, served_top, args.tie_gap)
+    return compare_greedy(hf_ids, gaps, served_ids, served_top, tie_gap)
 
 
 def run(args) -> int:
@@ -213,13 +217,19 @@ def run(args) -> int:
     except InferError as err:
         print(f"moss-vl parity: {err}", file=sys.stderr)
         return 2
+    from moss_vl.testing.checkpoint import lm_head_scale_of
+
+    scale = lm_head_scale_of(args.model_path)
+    logprob_tol, tie_gap = args.logprob_tol * scale, args.tie_gap * scale
     cases = prompts()
     if args.only:
         cases = [c for c in cases if any(o in c[0] for o in args.only)]
     report = {"label": args.label, "url": args.url, "model_path": args.model_path,
               "device": engine.device, "attn_implementation": engine.attn_implementation,
-              "dtype": str(engine.dtype), "logprob_tol": args.logprob_tol,
-              "tie_gap": args.tie_gap, "prompts": []}
+              "dtype": str(engine.dtype), "lm_head_scale": scale,
+              "logprob_tol": logprob_tol, "tie_gap": tie_gap,
+              "logprob_tol_unscaled": args.logprob_tol, "tie_gap_unscaled": args.tie_gap,
+              "prompts": []}
     failures = 0
     for name, messages in cases:
         images = _images_of(messages)
@@ -232,11 +242,13 @@ def run(args) -> int:
                                             args.timeout)
             tf = compare_teacher_forced(scored["input_ids"], scored["token_logprobs"],
                                         sg_ids, sg_lp)
-            tf["ok"] = tf.get("ok", True) and tf.get("max_abs_diff", 0.0) <= args.logprob_tol
+            tf["ok"] = tf.get("ok", True) and tf.get("max_abs_diff", 0.0) <= logprob_tol
+            if "max_abs_diff" in tf:
+                tf["max_abs_diff_unscaled"] = tf["max_abs_diff"] / scale
             entry["teacher_forced"] = tf
 
             if args.greedy_steps > 0:
-                entry["greedy"] = greedy(engine, messages, prompt_text, images, args)
+                entry["greedy"] = greedy(engine, messages, prompt_text, images, args, tie_gap)
             else:
                 entry["greedy"] = {"equal": True, "steps": 0}
         except (RuntimeError, OSError, InferError, KeyError) as err:
@@ -258,7 +270,8 @@ def run(args) -> int:
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump(report, fh, indent=2)
-    print(f"moss-vl parity [{args.label}]: {len(cases) - failures}/{len(cases)} prompts agree")
+    print(f"moss-vl parity [{args.label}]: {len(cases) - failures}/{len(cases)} prompts agree "
+          f"(LM head x{scale:g}: |dlogprob| <= {logprob_tol:g}, near-tie gap < {tie_gap:g})")
     return 1 if failures else 0
 
 
@@ -277,9 +290,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="write the JSON report here")
     parser.add_argument("--greedy-steps", type=int, default=32, help="0: teacher forcing only")
     parser.add_argument("--logprob-tol", type=float, default=0.05,
-                        help="max |logprob difference| accepted (bf16 rounding)")
+                        help="max |logprob difference| accepted (bf16 rounding), for the "
+                             "unscaled model: times the checkpoint's LM-head factor")
     parser.add_argument("--tie-gap", type=float, default=0.05,
-                        help="a greedy divergence where the top-2 gap is below this is a near-tie")
+                        help="a greedy divergence where the top-2 gap is below this is a "
+                             "near-tie; times the checkpoint's LM-head factor")
     parser.add_argument("--only", nargs="*", help="run prompts whose name contains one of these")
     parser.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args(argv)

@@ -238,3 +238,17 @@ def test_lm_head_scale_makes_outputs_peaked(tmp_path, scale):
     top = probs.max(-1).values.median().item()
     # Random weights: nearly uniform over 151936 tokens; scaled: a clear winner per row.
     assert (top < 1e-3) if scale == 1.0 else (top > 0.5)
+    # Recorded beside the weights, for moss_vl.parity's tolerances.
+    from moss_vl.testing.checkpoint import lm_head_scale_of
+
+    assert lm_head_scale_of(path) == scale
+    assert "lm_head_scale" not in (path / "config.json").read_text()
+
+
+def test_lm_head_scale_record_is_checked(tmp_path):
+    from moss_vl.testing.checkpoint import GENERATOR_RECORD, lm_head_scale_of
+
+    assert lm_head_scale_of(tmp_path) == 1.0  # not this generator's checkpoint
+    (tmp_path / GENERATOR_RECORD).write_text('{"lm_head_scale": 0}')
+    with pytest.raises(ValueError, match="lm_head_scale must be > 0"):
+        lm_head_scale_of(tmp_path)

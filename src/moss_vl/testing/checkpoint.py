@@ -434,10 +434,34 @@ def write_tiny_checkpoint(path, *, seed: int = 0, lm_head_scale: float = 1.0,
     config_overrides, _ = _split_overrides(overrides)
     config = tiny_config(**config_overrides)
     weights = path / "model.safetensors"
-    save_file(random_weights(config, seed=seed, lm_head_scale=lm_head_scale), str(weights), metadata={"format": "pt"})
+    save_file(random_weights(config, seed=seed, lm_head_scale=lm_head_scale), str(weights),
+              metadata={"format": "pt"})
     # safetensors writes 0600; the serving images read the model as another uid.
     weights.chmod(0o644)
+    write_generator_record(path, seed=seed, lm_head_scale=lm_head_scale)
     return path
+
+
+GENERATOR_RECORD = "moss_vl_testing.json"
+
+
+def write_generator_record(path, *, seed: int, lm_head_scale: float) -> None:
+    """How the random weights were drawn, beside them (not in config.json: loaders read that).
+
+    `moss_vl.parity` reads `lm_head_scale`: the head multiplies every logit, so
+    rounding differences between two engines grow by the same factor."""
+    _write_json(Path(path) / GENERATOR_RECORD, {"seed": seed, "lm_head_scale": lm_head_scale})
+
+
+def lm_head_scale_of(path) -> float:
+    """The LM-head factor a checkpoint of this generator was drawn with; 1.0 for any other."""
+    record = Path(path) / GENERATOR_RECORD
+    if not record.is_file():
+        return 1.0
+    scale = float(json.loads(record.read_text()).get("lm_head_scale", 1.0))
+    if not scale > 0:
+        raise ValueError(f"{record}: lm_head_scale must be > 0, got {scale}")
+    return scale
 
 
 def write_checkpoint(path, *, size: str = "tiny", seed: int = 0, device: str = "cpu",
@@ -458,6 +482,7 @@ def write_checkpoint(path, *, size: str = "tiny", seed: int = 0, device: str = "
     config_overrides, _ = _split_overrides(copy.deepcopy(overrides))
     write_sharded_weights(path, tiny_config(**config_overrides), seed=seed, device=device,
                           shard_bytes=shard_bytes, lm_head_scale=lm_head_scale)
+    write_generator_record(path, seed=seed, lm_head_scale=lm_head_scale)
     return path
 
 
