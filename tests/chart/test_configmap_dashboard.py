@@ -121,6 +121,8 @@ def test_panels_cover_sglang_and_plugin():
         "moss_vl:mask_elements_total",
         "moss_vl:encoder_cache_hits_total",
         "moss_vl:encoder_cache_misses_total",
+        "moss_vl:media_items_total",
+        "moss_vl:video_frames_total",
     ):
         assert name in used, f"no panel shows {name}"
     dropped = [q for q in queries() if 'path="dropped"' in q]

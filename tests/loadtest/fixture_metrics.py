@@ -89,6 +89,10 @@ class FixtureMetrics:
         self.encoder_reused = Counter("moss_vl:encoder_tokens_reused", "", registry=r)
         self.encoder_computed = Counter("moss_vl:encoder_tokens_computed", "", registry=r)
         self.prefix_dropped = Counter("moss_vl:prefix_matches_dropped", "", registry=r)
+        self.media_items = Counter("moss_vl:media_items", "", ["kind"], registry=r)
+        for kind in ("image", "video"):
+            self.media_items.labels(kind=kind)
+        self.video_frames = Counter("moss_vl:video_frames", "", registry=r)
         # Series that exist from the start, as SGLang creates them at launch.
         for gauge in (self.num_running, self.num_queue, self.token_usage, self.cache_hit_rate):
             gauge.labels(**RANK_LABELS).set(0)
@@ -114,6 +118,12 @@ class FixtureMetrics:
 
     def aborted(self) -> None:
         self.num_aborted.labels(**MODEL_LABELS).inc()
+
+    def media(self, images: int, videos: int, frames: int) -> None:
+        """What the processor accepted: images, videos and the videos' sampled frames."""
+        self.media_items.labels(kind="image").inc(images)
+        self.media_items.labels(kind="video").inc(videos)
+        self.video_frames.inc(frames)
 
     def prefill(self, images: list[bytes], image_tokens: list[int], text_tokens: int) -> None:
         """One prefill: encoder-cache lookups and, with images, one staircase mask."""

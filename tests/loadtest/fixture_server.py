@@ -58,7 +58,8 @@ PIL_FORMAT = {"image/png": "PNG", "image/jpeg": "JPEG"}
 # Videos are checked by container signature only (the fixture decodes no video).
 VIDEO_FORMAT = {"video/mp4": "MP4", "video/webm": "WEBM"}
 # A stand-in encoder length per video: 8 frames of 20x15 merged patches plus separators.
-VIDEO_TOKENS = 8 * (20 * 15 + 1)
+VIDEO_FRAMES = 8
+VIDEO_TOKENS = VIDEO_FRAMES * (20 * 15 + 1)
 # MOSS-VL: 16-pixel patches merged 2x2, plus one separator token per image.
 PATCH, MERGE = 16, 2
 
@@ -411,6 +412,8 @@ class _Handler(BaseHTTPRequestHandler):
         metrics.prefill(
             [u.encode() for u in _image_urls(body)], image_tokens, prompt_tokens - sum(image_tokens)
         )
+        videos = sum(f in VIDEO_FORMAT.values() for f, _w, _h in record.images)
+        metrics.media(len(record.images) - videos, videos, videos * VIDEO_FRAMES)
         metrics.request_started(prompt_tokens, n_tokens)
         try:
             if body.get("stream"):
