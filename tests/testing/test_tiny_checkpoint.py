@@ -203,6 +203,29 @@ def test_patches_match_transformers_qwen2_vl_layout(processor):
                                atol=1e-6, rtol=0)
 
 
+def test_resized_and_mixed_sizes_match_the_published_processor(processor):
+    """What MOSS-VL's published processor computes (transformers' torchvision-backed
+    Qwen2-VL image processor): resized images (8-bit, bicubic with antialiasing),
+    several sizes in one call (batched by size, returned in input order), a grey
+    image and decoded video frames as uint8 arrays."""
+    import numpy as np
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    ip = processor.image_processor
+    frames = [np.asarray(_image(200, 120, seed=s)) for s in (4, 5)]
+    images = [_image(1000, 700, seed=1), *frames, _image(96, 64, seed=3),
+              _image(333, 517, seed=2).convert("L"), _image(1000, 700, seed=6)]
+    kwargs = {"min_pixels": 32 * 32, "max_pixels": 512 * 512}
+    ours = ip(images, **kwargs)
+    reference = Qwen2VLImageProcessor(
+        patch_size=16, merge_size=2, temporal_patch_size=1, image_mean=[0.5] * 3,
+        image_std=[0.5] * 3, **kwargs)(images, return_tensors="pt")
+    assert ours["image_grid_thw"].tolist() == reference["image_grid_thw"].tolist()
+    assert len({tuple(g) for g in ours["image_grid_thw"].tolist()}) == 4
+    torch.testing.assert_close(ours["pixel_values"], reference["pixel_values"].float(),
+                               atol=1e-6, rtol=0)
+
+
 def test_text_only_prompt_has_no_vision(processor):
     out = processor(text=["<|im_start|>user\nhi<|im_end|>\n"], padding=True, return_tensors="pt")
     assert "pixel_values" not in out and "cross_attention_mask" not in out

@@ -82,13 +82,15 @@ def smart_resize(height, width, factor, min_pixels, max_pixels):
     return h_bar, w_bar
 
 
-def _to_chw_float(image, index):
-    """An RGB image as a float32 (3, H, W) tensor of 0..255 values on the CPU."""
+def _to_chw(image, index):
+    """An RGB image as a (3, H, W) CPU tensor: uint8 for 8-bit input (PIL images, uint8
+    arrays and tensors), else float32 of 0..255 values."""
     if isinstance(image, Image.Image):
-        array = np.asarray(image.convert("RGB"), dtype=np.float32)
-        return torch.from_numpy(array.copy()).permute(2, 0, 1)
+        if image.mode != "RGB":
+            image = image.convert("RGB")
+        return torch.from_numpy(np.array(image)).permute(2, 0, 1)
     if isinstance(image, np.ndarray):
-        image = torch.from_numpy(image)
+        image = torch.from_numpy(image if image.flags.writeable else image.copy())
     if isinstance(image, torch.Tensor):
         # SGLang may hand over an nvJPEG-decoded (C, H, W) uint8 tensor on the GPU.
         tensor = image.detach().to("cpu")
@@ -102,6 +104,8 @@ def _to_chw_float(image, index):
             tensor = tensor[:3]
         elif tensor.shape[0] != 3:
             raise ValueError(f"image {index}: cannot find 1, 3 or 4 channels in shape {tuple(tensor.shape)}")
+        if tensor.dtype == torch.uint8:
+            return tensor
         tensor = tensor.to(torch.float32)
         if not image.dtype.is_floating_point:
             return tensor
@@ -302,7 +306,11 @@ def frame_text(seconds):
 
 
 class MossVLImageProcessor(BaseImageProcessor):
-    """Resize to patch * merge multiples, normalise, cut into merge-grouped patches."""
+    """Resize to patch * merge multiples, normalise, cut into merge-grouped patches.
+
+    Computes what MOSS-VL's published (torchvision-backed) processor computes, to 1e-6,
+    at the same cost (benchmarks/bench_processor.py): video numbers measured with a
+    test checkpoint depend on it."""
 
     model_input_names: ClassVar[list] = ["pixel_values", "image_grid_thw"]
 
@@ -362,25 +370,36 @@ class MossVLImageProcessor(BaseImageProcessor):
         min_pixels = int(size.get("shortest_edge", min_pixels or self.min_pixels))
         max_pixels = int(size.get("longest_edge", max_pixels or self.max_pixels))
         factor = self.patch_size * self.merge_size
-        mean = torch.tensor(self.image_mean, dtype=torch.float32).view(3, 1, 1)
-        std = torch.tensor(self.image_std, dtype=torch.float32).view(3, 1, 1)
+        # Rescale folded into mean and std: one subtraction and one division, in place.
+        mean = torch.tensor(self.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
+        std = torch.tensor(self.image_std, dtype=torch.float32).view(1, 3, 1, 1)
+        mean, std = mean / self.rescale_factor, std / self.rescale_factor
 
-        patches, grids = [], []
-        for index, image in enumerate(_flatten_images(images)):
-            pixels = _to_chw_float(image, index)
-            height, width = int(pixels.shape[1]), int(pixels.shape[2])
+        # As the published (torchvision-backed) processor does: images of one size are
+        # resized, normalised and patchified as one batch; 8-bit images are resized in
+        # uint8 by torch's own bicubic kernel, the values torchvision's resize gives.
+        tensors = [_to_chw(image, index) for index, image in enumerate(_flatten_images(images))]
+        groups: dict[tuple, list[int]] = {}
+        for index, tensor in enumerate(tensors):
+            groups.setdefault((*tensor.shape[1:], tensor.dtype), []).append(index)
+        patches, grids = [None] * len(tensors), [None] * len(tensors)
+        for (height, width, dtype), indices in groups.items():
+            batch = torch.stack([tensors[i] for i in indices])
             new_h, new_w = smart_resize(height, width, factor, min_pixels, max_pixels)
             if (new_h, new_w) != (height, width):
-                pixels = torch.nn.functional.interpolate(
-                    pixels[None], size=(new_h, new_w), mode="bicubic",
-                    align_corners=False, antialias=True,
-                )[0]
-                # Resizing works on 8-bit images everywhere else; keep the same grid of values.
-                pixels = pixels.round().clamp(0, 255)
-            pixels = (pixels * self.rescale_factor - mean) / std
-            flat, grid = self._patchify(pixels)
-            patches.append(flat)
-            grids.append(grid)
+                batch = torch.nn.functional.interpolate(
+                    batch, size=(new_h, new_w), mode="bicubic", align_corners=False,
+                    antialias=True)
+                if dtype != torch.uint8:
+                    # Resizing works on 8-bit images everywhere else; keep the same grid of values.
+                    batch = batch.round().clamp(0, 255)
+            # A fresh tensor here (stacked or resized), so in place is safe.
+            batch = batch.to(torch.float32).sub_(mean).div_(std)
+            flat, grid = self._patchify(batch)
+            for row, i in zip(flat.split(flat.shape[0] // len(indices)), indices):
+                patches[i], grids[i] = row, grid
+        patches = [p for p in patches if p is not None]
+        grids = [g for g in grids if g is not None]
 
         if not patches:
             raise ValueError("MossVLImageProcessor got no images")
@@ -391,17 +410,18 @@ class MossVLImageProcessor(BaseImageProcessor):
         return BatchFeature(data=data, tensor_type=return_tensors)
 
     def _patchify(self, pixels):
-        """(3, H, W) -> (t*h*w, 3*tp*p*p) rows, merge x merge neighbours adjacent."""
+        """(N, 3, H, W) -> (N*h*w, 3*tp*p*p) rows, image by image, merge x merge neighbours
+        adjacent; and one image's grid [1, h, w]."""
         p, tp, m = self.patch_size, self.temporal_patch_size, self.merge_size
-        channels, height, width = pixels.shape
+        count, channels, height, width = pixels.shape
         # A still image is one frame, repeated to fill a temporal patch.
-        frames = pixels[None].expand(tp, -1, -1, -1)
-        grid_t, grid_h, grid_w = 1, height // p, width // p
-        frames = frames.reshape(grid_t, tp, channels, grid_h // m, m, p, grid_w // m, m, p)
-        # (t, h/m, w/m, m, m, C, tp, p, p): the row order the vision tower's merger expects.
+        frames = pixels[:, None].expand(-1, tp, -1, -1, -1)
+        grid_h, grid_w = height // p, width // p
+        frames = frames.reshape(count, tp, channels, grid_h // m, m, p, grid_w // m, m, p)
+        # (N, h/m, w/m, m, m, C, tp, p, p): the row order the vision tower's merger expects.
         frames = frames.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
-        flat = frames.reshape(grid_t * grid_h * grid_w, channels * tp * p * p)
-        return flat.contiguous(), [grid_t, grid_h, grid_w]
+        flat = frames.reshape(count * grid_h * grid_w, channels * tp * p * p)
+        return flat.contiguous(), [1, grid_h, grid_w]
 
     def get_number_of_image_patches(self, height, width, images_kwargs=None):
         """Patches (before merging) the processor cuts an image of this size into."""
