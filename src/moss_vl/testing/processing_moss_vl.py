@@ -375,36 +375,34 @@ class MossVLImageProcessor(BaseImageProcessor):
         std = torch.tensor(self.image_std, dtype=torch.float32).view(1, 3, 1, 1)
         mean, std = mean / self.rescale_factor, std / self.rescale_factor
 
-        # As the published (torchvision-backed) processor does: images of one size are
-        # resized, normalised and patchified as one batch; 8-bit images are resized in
-        # uint8 by torch's own bicubic kernel, the values torchvision's resize gives.
-        tensors = [_to_chw(image, index) for index, image in enumerate(_flatten_images(images))]
-        groups: dict[tuple, list[int]] = {}
-        for index, tensor in enumerate(tensors):
-            groups.setdefault((*tensor.shape[1:], tensor.dtype), []).append(index)
-        patches, grids = [None] * len(tensors), [None] * len(tensors)
-        for (height, width, dtype), indices in groups.items():
-            batch = torch.stack([tensors[i] for i in indices])
+        # As the published (torchvision-backed) processor does on the CPU: image by image
+        # (a batch of frames would need one large fresh buffer per step, slower here),
+        # 8-bit images resized in uint8 by torch's own bicubic kernel (the values
+        # torchvision's resize gives), rescale and normalisation fused, in place.
+        patches, grids = [], []
+        for index, image in enumerate(_flatten_images(images)):
+            pixels = _to_chw(image, index)[None]
+            height, width = int(pixels.shape[2]), int(pixels.shape[3])
             new_h, new_w = smart_resize(height, width, factor, min_pixels, max_pixels)
             if (new_h, new_w) != (height, width):
-                batch = torch.nn.functional.interpolate(
-                    batch, size=(new_h, new_w), mode="bicubic", align_corners=False,
+                resized = torch.nn.functional.interpolate(
+                    pixels, size=(new_h, new_w), mode="bicubic", align_corners=False,
                     antialias=True)
-                if dtype != torch.uint8:
+                if pixels.dtype != torch.uint8:
                     # Resizing works on 8-bit images everywhere else; keep the same grid of values.
-                    batch = batch.round().clamp(0, 255)
-            # A fresh tensor here (stacked or resized), so in place is safe.
-            batch = batch.to(torch.float32).sub_(mean).div_(std)
-            flat, grid = self._patchify(batch)
-            for row, i in zip(flat.split(flat.shape[0] // len(indices)), indices):
-                patches[i], grids[i] = row, grid
-        patches = [p for p in patches if p is not None]
-        grids = [g for g in grids if g is not None]
+                    resized = resized.round().clamp(0, 255)
+                pixels = resized
+            # A copy (uint8 -> float32) or a fresh tensor: in place is safe.
+            fresh = pixels.dtype == torch.uint8 or (new_h, new_w) != (height, width)
+            pixels = pixels.to(torch.float32) if fresh else pixels.to(torch.float32, copy=True)
+            flat, grid = self._patchify(pixels.sub_(mean).div_(std))
+            patches.append(flat)
+            grids.append(grid)
 
         if not patches:
             raise ValueError("MossVLImageProcessor got no images")
         data = {
-            "pixel_values": torch.cat(patches, dim=0),
+            "pixel_values": patches[0] if len(patches) == 1 else torch.cat(patches, dim=0),
             "image_grid_thw": torch.tensor(grids, dtype=torch.long),
         }
         return BatchFeature(data=data, tensor_type=return_tensors)
