@@ -212,7 +212,7 @@ def test_resized_and_mixed_sizes_match_the_published_processor(processor):
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
     ip = processor.image_processor
-    frames = [np.asarray(_image(200, 120, seed=s)) for s in (4, 5)]
+    frames = [np.array(_image(200, 120, seed=s)) for s in (4, 5)]
     images = [_image(1000, 700, seed=1), *frames, _image(96, 64, seed=3),
               _image(333, 517, seed=2).convert("L"), _image(1000, 700, seed=6)]
     kwargs = {"min_pixels": 32 * 32, "max_pixels": 512 * 512}
