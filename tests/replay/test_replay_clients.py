@@ -91,8 +91,13 @@ def test_helm_test_pod(scenario, state, netns, tmp_path):
         assert proc.returncode == 0, f"{name}\n{desc}\n{proc.stdout}\n{proc.stderr}"
 
 
-def run_loadtest(objects, state, netns, tmp_path, pvc_dirs=None) -> tuple[str, str]:
-    """Replay the master and worker Jobs against the fixture; their logs, master exit 0."""
+SCRAPE = ("import sys, urllib.request\n"
+          "sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())")
+
+
+def run_loadtest(objects, state, netns, tmp_path, pvc_dirs=None) -> tuple[str, str, str]:
+    """Replay the master and worker Jobs against the fixture; their logs and the
+    fixture's /metrics at the end; master exit 0."""
     log = open(tmp_path / "fixture.log", "w")
     fixture = start_fixture(netns, 30000, "", log)
     master = worker = None
@@ -109,6 +114,8 @@ def run_loadtest(objects, state, netns, tmp_path, pvc_dirs=None) -> tuple[str, s
         wout = open(tmp_path / "worker.log", "w")
         worker = replay.start(w, state / "w", stdout=wout, stderr=wout)
         rc = master.wait(timeout=180)
+        scraped = netns.run([sys.executable, "-c", SCRAPE, "http://127.0.0.1:30000/metrics"],
+                            capture_output=True, text=True).stdout
     finally:
         for p in (worker, master, fixture):
             if p is not None:
@@ -120,7 +127,7 @@ def run_loadtest(objects, state, netns, tmp_path, pvc_dirs=None) -> tuple[str, s
     assert "1 workers connected" in master_log or "workers connected" in master_log, master_log[-3000:]
     assert "Read-only file system" not in master_log + worker_log
     assert "Permission denied" not in master_log + worker_log
-    return master_log, worker_log
+    return master_log, worker_log, scraped
 
 
 def post_counts(master_log: str) -> dict[str, int]:
@@ -145,7 +152,7 @@ LOADTEST_SETS = ["loadtest.workers=1", "loadtest.users=2", "loadtest.spawnRate=2
 
 def test_loadtest_master_and_worker(state, netns, tmp_path):
     objects = rendered("loadtest", LOADTEST_SETS)
-    master_log, _ = run_loadtest(objects, state, netns, tmp_path)
+    master_log, _, _ = run_loadtest(objects, state, netns, tmp_path)
     posts = post_counts(master_log)
     assert posts and sum(posts.values()) > 0, master_log[-3000:]
 
@@ -167,11 +174,16 @@ def test_loadtest_sends_the_real_videos_from_a_payload_volume(state, netns, tmp_
     vol = next(v for v in worker["volumes"] if v["name"] == "payloads")
     assert vol == {"name": "payloads",
                    "persistentVolumeClaim": {"claimName": "moss-vl-payloads", "readOnly": True}}
-    master_log, _ = run_loadtest(objects, state, netns, tmp_path,
-                                 pvc_dirs={"moss-vl-payloads": str(payloads)})
+    master_log, _, scraped = run_loadtest(objects, state, netns, tmp_path,
+                                          pvc_dirs={"moss-vl-payloads": str(payloads)})
     posts = post_counts(master_log)
     print(f"in-cluster load test, payloads from a claim: {posts} video requests, "
           f"failures {failures(master_log)}")
     assert set(posts) == {"video"} and posts["video"] > 0, master_log[-3000:]
     # A truncated or re-encoded body fails the fixture's base64 and container checks.
     assert failures(master_log).get("video") == 0, master_log[-3000:]
+    # Without the videos the scenario falls back to frames sent as images, under the
+    # same row: the fixture must have received a video per counted request (one cut
+    # off at the end reaches it uncounted) and no image.
+    media = dict(re.findall(r'^moss_vl:media_items_total\{kind="(\w+)"\} (\S+)$', scraped, re.M))
+    assert float(media["video"]) >= posts["video"] and float(media["image"]) == 0, scraped[-2000:]
