@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# The load-test fixture server imports its siblings by name (it also runs as a script).
+sys.path.insert(0, str(Path(__file__).parent / "loadtest"))
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +47,21 @@ def model_server(tiny_engine):
     server = ModelServer(tiny_engine).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def fixture_server():
+    """Start FixtureServers (the SGLang wire stand-in, tests/loadtest/fixture_server.py) on
+    127.0.0.1 (free ports); all are stopped at teardown."""
+    from fixture_server import FixtureConfig, FixtureServer
+
+    servers: list[FixtureServer] = []
+
+    def start(**config) -> FixtureServer:
+        server = FixtureServer(FixtureConfig(**config)).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

@@ -31,10 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests.chart.chart_render import REPO, container, render
-
-# The load-test fixture imports its siblings by name, as it does run as a script.
-sys.path.insert(0, str(REPO / "tests" / "loadtest"))
-from fixture_server import FixtureConfig, FixtureServer  # noqa: E402
+from fixture_server import FixtureConfig, FixtureServer  # tests/loadtest, on sys.path (conftest)
 
 ROUTER_PKG = REPO / ".tools" / "sglang-router-0.3.2"
 API_KEY = "client-key-0123456789"

@@ -26,7 +26,6 @@ import json
 import re
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -37,9 +36,6 @@ import yaml
 
 from . import promql
 from .chart_render import CHART, NAMESPACE, RELEASE, REPO, render, tool
-
-sys.path.insert(0, str(REPO / "tests" / "loadtest"))
-from fixture_server import FixtureConfig, FixtureServer  # noqa: E402
 
 DASHBOARD = CHART / "dashboards" / "moss-vl.json"
 GRAFANA_VARS = {
@@ -62,20 +58,6 @@ def queries(variables: dict[str, str] = GRAFANA_VARS) -> list[str]:
                 expr = expr.replace(var, value)
             out.append(expr)
     return out
-
-
-@pytest.fixture
-def fixture_server():
-    servers: list[FixtureServer] = []
-
-    def start(**config) -> FixtureServer:
-        server = FixtureServer(FixtureConfig(**config)).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 def test_configmap(rendered, values):

@@ -8,25 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fixture_server import FixtureConfig, FixtureServer
 from loadtest_support import LOCUSTFILE, RUN_LIMIT_S, LocustRun, locust_env, read_stats
-
-
-@pytest.fixture
-def fixture_server():
-    """Start FixtureServers on 127.0.0.1 (free ports); all are stopped at teardown."""
-    servers: list[FixtureServer] = []
-
-    def start(**config) -> FixtureServer:
-        server = FixtureServer(FixtureConfig(**config)).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 @pytest.fixture
