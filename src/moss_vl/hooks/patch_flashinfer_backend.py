@@ -130,16 +130,20 @@ def encoder_kv_indices(updater, req_pool_indices, encoder_lens, encoder_indptr, 
     return out
 
 
+def encoder_slots(updater, req_pool_indices, encoder_lens, total, plan):
+    """(indptr, KV-pool slots) of the batch's encoders: ``encoder_kv_indices`` with its indptr."""
+    encoder_indptr = torch.zeros(int(encoder_lens.numel()) + 1, dtype=torch.int32,
+                                 device=req_pool_indices.device)
+    encoder_indptr[1:] = torch.cumsum(encoder_lens, dim=0)
+    return encoder_indptr, encoder_kv_indices(
+        updater, req_pool_indices, encoder_lens, encoder_indptr, total, plan)
+
+
 def plan_segments(updater, wrapper, req_pool_indices, encoder_lens, info, fixed_split_size, plan):
     """Plan ``wrapper`` with the staircase segments; returns the SegmentPlan."""
     device = req_pool_indices.device
-    bs = int(encoder_lens.numel())
-    encoder_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=device)
-    encoder_indptr[1:] = torch.cumsum(encoder_lens, dim=0)
-    encoder_indices = encoder_kv_indices(
-        updater, req_pool_indices, encoder_lens, encoder_indptr,
-        sum(info.staircase.encoder_lens), plan,
-    )
+    encoder_indptr, encoder_indices = encoder_slots(
+        updater, req_pool_indices, encoder_lens, sum(info.staircase.encoder_lens), plan)
     visible, request_of_row = info.staircase.batch_rows(info.extend_seq_lens)
     segments = masks.segment_plan(
         visible.to(device, non_blocking=True),
@@ -212,19 +216,13 @@ def plan_tiles(updater, req_pool_indices, encoder_lens, info, plan):
     """
     from moss_vl import staircase_kernel
 
-    device = req_pool_indices.device
-    bs = int(encoder_lens.numel())
-    encoder_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=device)
-    encoder_indptr[1:] = torch.cumsum(encoder_lens, dim=0)
-    encoder_indices = encoder_kv_indices(
-        updater, req_pool_indices, encoder_lens, encoder_indptr,
-        sum(info.staircase.encoder_lens), plan,
-    )
+    _, encoder_indices = encoder_slots(
+        updater, req_pool_indices, encoder_lens, sum(info.staircase.encoder_lens), plan)
     visible, encoder_lens_cpu = staircase_kernel.batch_visible(info.staircase, info.extend_seq_lens)
     group = updater.num_qo_heads // updater.num_kv_heads
     tiles = staircase_kernel.tile_plan(
         visible, info.extend_seq_lens, encoder_lens_cpu,
-        block_rows=staircase_kernel.block_rows_for(group), device=device,
+        block_rows=staircase_kernel.block_rows_for(group), device=req_pool_indices.device,
     )
     return StaircaseKernelWrapper(encoder_indices, tiles)
 
