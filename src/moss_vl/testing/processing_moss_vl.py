@@ -392,9 +392,8 @@ class MossVLImageProcessor(BaseImageProcessor):
                     # Resizing works on 8-bit images everywhere else; keep the same grid of values.
                     resized = resized.round().clamp(0, 255)
                 pixels = resized
-            # A copy (uint8 -> float32) or a fresh tensor: in place is safe.
-            fresh = pixels.dtype == torch.uint8 or (new_h, new_w) != (height, width)
-            pixels = pixels.to(torch.float32) if fresh else pixels.to(torch.float32, copy=True)
+            # Always a new tensor (a float input may be the caller's memory): in place is safe.
+            pixels = pixels.to(torch.float32, copy=True)
             flat, grid = self._patchify(pixels.sub_(mean).div_(std))
             patches.append(flat)
             grids.append(grid)
