@@ -147,3 +147,32 @@ def test_bad_sampling_values_are_refused(tiny_engine):
         with pytest.raises(InferError, match=message.replace("(", r"\(").replace(")", r"\)")
                            .replace("[", r"\[").replace("]", r"\]")):
             tiny_engine.generate({"messages": [{"role": "user", "content": "x"}], **body})
+
+
+def test_downloaded_videos_leave_no_temporary_files(tiny_engine, tmp_path, monkeypatch):
+    """Data-URL videos are written to temporary files for the processor and removed after
+    it ran, also when it refused the video; a local file the caller named is kept."""
+    import tempfile
+
+    pytest.importorskip("av")
+    from moss_vl.infer import InferError
+    from moss_vl.testing.videos import write_video
+
+    clip = write_video(tmp_path / "clip.mp4", frames=4, fps=2)
+    uri = "data:video/mp4;base64," + base64.b64encode(clip.read_bytes()).decode()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+
+    def video_message(url):
+        return [{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "?"}]}]
+
+    inputs = tiny_engine.prepare(video_message(uri))
+    assert inputs["input_ids"].shape[1] > 10
+    with pytest.raises(InferError, match="not a readable video container"):
+        tiny_engine.prepare(video_message("data:video/mp4;base64,"
+                                          + base64.b64encode(b"not a video" * 50).decode()))
+    tiny_engine.prepare(video_message(str(clip)))
+    assert list(scratch.iterdir()) == []
+    assert clip.is_file()

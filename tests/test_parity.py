@@ -39,9 +39,13 @@ class GenerateStandIn(BaseHTTPRequestHandler):
         engine = type(self).engine
         images = [Image.open(io.BytesIO(base64.b64decode(u.split(",", 1)[1]))).convert("RGB")
                   for u in body.get("image_data", [])]
+        # Videos as SGLang's processor hands them on: the container's bytes.
+        videos = [base64.b64decode(u.split(",", 1)[1]) for u in body.get("video_data", [])]
         kwargs = {"text": body["text"], "return_tensors": "pt"}
         if images:
             kwargs["images"] = images
+        if videos:
+            kwargs["videos"] = videos
         inputs = engine._to_device(engine.processor(**kwargs))
         params = body["sampling_params"]
         ids = inputs["input_ids"][0].tolist()
@@ -151,6 +155,26 @@ def test_tolerances_scale_with_the_recorded_lm_head_factor(stand_in, tiny_checkp
     assert 1e-3 < bad["max_abs_diff"] < 1.0
     assert bad["max_abs_diff_unscaled"] == pytest.approx(bad["max_abs_diff"] / 1e4)
     assert code == 0, report
+
+
+def test_video_prompts_agree_and_need_the_mask(stand_in, tiny_checkpoint, tmp_path):
+    """Videos go to /generate as `video_data` (data URLs, prompt order) next to
+    `image_data`; a server that ignores the frame-level mask is caught on them."""
+    pytest.importorskip("av")
+    cases = dict(parity.video_prompts())
+    assert {len(parity._videos_of(m)) for m in cases.values()} == {1, 2}
+    assert any(parity._images_of(m) and parity._videos_of(m) for m in cases.values())
+    handler, url = stand_in
+    code, report = run(url, tiny_checkpoint, tmp_path, "--greedy-steps", "2", "--only", "video-")
+    assert code == 0, report
+    assert [e["name"] for e in report["prompts"]] == list(cases)
+    assert all(e["videos"] >= 1 and e["teacher_forced"]["max_abs_diff"] < 1e-3
+               for e in report["prompts"])
+    handler.apply_mask = False
+    code, report = run(url, tiny_checkpoint, tmp_path, "--logprob-tol", "1e-4",
+                       "--greedy-steps", "0", "--only", "video-")
+    assert code == 1
+    assert not {e["name"]: e for e in report["prompts"]}["video-question-first"]["ok"]
 
 
 def test_greedy_divergence_is_explained():

@@ -83,6 +83,16 @@ class Engine:
         """Processor outputs (on the model's device) for a list of chat messages."""
         if not isinstance(messages, list) or not messages:
             raise InferError("`messages` must be a non-empty list of chat messages")
+        # Data and http videos go through temporary files (the processor takes paths);
+        # they are removed once the processor has read them, whatever happens.
+        downloaded: list[str] = []
+        try:
+            return self._prepare(messages, downloaded)
+        finally:
+            for path in downloaded:
+                Path(path).unlink(missing_ok=True)
+
+    def _prepare(self, messages: list, downloaded: list[str]) -> dict:
         rendered, images, videos = [], [], []
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or "role" not in message:
@@ -103,7 +113,10 @@ class Engine:
                     images.append(load_image(_url_of(part, "image_url", where), where))
                     parts.append({"type": "image"})
                 elif kind in ("video_url", "video"):
-                    videos.append(fetch_video(_url_of(part, "video_url", where), where))
+                    url = _url_of(part, "video_url", where)
+                    videos.append(fetch_video(url, where))
+                    if url.startswith(REMOTE_VIDEO_SCHEMES):
+                        downloaded.append(videos[-1])
                     parts.append({"type": "video"})
                 else:
                     raise InferError(f"{where}: unsupported part type {kind!r} "
@@ -342,9 +355,12 @@ def load_image(url: str, where: str = "image"):
     return image.convert("RGB")
 
 
+REMOTE_VIDEO_SCHEMES = ("data:", "http://", "https://")
+
+
 def fetch_video(url: str, where: str = "video"):
     """A local video path for the processor (data and http URLs are written to a temp file)."""
-    if not url.startswith(("data:", "http://", "https://")):
+    if not url.startswith(REMOTE_VIDEO_SCHEMES):
         path = urllib.parse.unquote(urllib.parse.urlparse(url).path) if url.startswith("file:") \
             else url
         if not Path(path).expanduser().is_file():

@@ -4,7 +4,8 @@
         --label staircase --out parity-staircase.json
 
 For each of the built-in prompts (text only, single image, multi-image, multi-turn
-with images; video once the video processor lands) the script:
+with images; videos, single and several, next to images and across turns, when PyAV
+is installed to write them) the script:
 
 1. teacher forcing: sends prompt + a fixed continuation to SGLang's `/generate` with
    `return_logprob` and `logprob_start_len=0` and scores the same text with the
@@ -69,6 +70,31 @@ def _text(text):
     return {"type": "text", "text": text}
 
 
+def _mp4(seed: int, frames: int, width: int, height: int) -> str:
+    """A deterministic H.264/MP4 data URL (2 fps, so the processor keeps every frame)."""
+    import tempfile
+    from pathlib import Path
+
+    from moss_vl.testing.videos import write_video
+
+    with tempfile.TemporaryDirectory(prefix="moss-vl-parity-") as tmp:
+        path = write_video(Path(tmp) / "clip.mp4", codec="h264", width=width, height=height,
+                           fps=2, frames=frames, grain=6, seed=seed)
+        return "data:video/mp4;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def _video(seed, frames=6, width=96, height=64):
+    return {"type": "video_url", "video_url": {"url": _mp4(seed, frames, width, height)}}
+
+
+def pyav_available() -> bool:
+    try:
+        import av  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def prompts() -> list[tuple[str, list]]:
     """(name, messages): at least 16, covering every layout the mask has to get right."""
     user = "user"
@@ -115,7 +141,29 @@ def prompts() -> list[tuple[str, list]]:
         {"role": user, "content": [_img(640, 128, 29)]},
         {"role": "assistant", "content": "A wide strip."},
         {"role": user, "content": "What colour is on the left?"}]))
+    if pyav_available():
+        cases += video_prompts()
     return cases
+
+
+def video_prompts() -> list[tuple[str, list]]:
+    """Videos as clients send them (`video_url` data URLs): every frame is one step of the
+    staircase, so text between and after frames checks the mask frame by frame."""
+    user = "user"
+    return [
+        ("video-one", [{"role": user, "content": [_video(40), _text("What happens here?")]}]),
+        ("video-question-first", [{"role": user, "content": [
+            _text("Watch the clip and count the moves:"), _video(41, frames=8, width=64,
+                                                                  height=96),
+            _text("How many?")]}]),
+        ("video-two-in-one-message", [{"role": user, "content": [
+            _text("First clip:"), _video(42, frames=4), _text("Second clip:"),
+            _video(43, frames=5, width=64, height=64), _text("Which one is brighter?")]}]),
+        ("video-then-image-turn", [
+            {"role": user, "content": [_video(44), _text("Describe the clip.")]},
+            {"role": "assistant", "content": "A red block moves across a grey background."},
+            {"role": user, "content": [_img(160, 128, 45), _text("Is this frame from it?")]}]),
+    ]
 
 
 # ---- the two sides ---------------------------------------------------------------------
@@ -131,32 +179,46 @@ def _post(url: str, body: dict, timeout: float) -> dict:
         raise RuntimeError(f"POST {url}: HTTP {err.code}: {err.read()[:500]!r}") from None
 
 
+def _parts_of(messages, kind: str) -> list[str]:
+    return [p[kind]["url"] for m in messages if isinstance(m["content"], list)
+            for p in m["content"] if p.get("type") == kind]
+
+
 def _images_of(messages) -> list[str]:
-    return [p["image_url"]["url"] for m in messages if isinstance(m["content"], list)
-            for p in m["content"] if p.get("type") == "image_url"]
+    return _parts_of(messages, "image_url")
+
+
+def _videos_of(messages) -> list[str]:
+    return _parts_of(messages, "video_url")
+
+
+_PLACEHOLDERS = {"image_url": {"type": "image"}, "video_url": {"type": "video"}}
 
 
 def _template_messages(messages):
     return [m if isinstance(m["content"], str) else
-            {**m, "content": [{"type": "image"} if p.get("type") == "image_url" else p
-                              for p in m["content"]]} for m in messages]
+            {**m, "content": [_PLACEHOLDERS.get(p.get("type"), p) for p in m["content"]]}
+            for m in messages]
 
 
-def served_logprobs(url, text, images, timeout) -> tuple[list[int], list[float | None]]:
-    body = {"text": text, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
-            "return_logprob": True, "logprob_start_len": 0}
-    if images:
-        body["image_data"] = images
+def _media(body: dict, media: dict) -> dict:
+    """/generate's image_data / video_data, each in prompt order, only when present."""
+    body.update({key: urls for key, urls in media.items() if urls})
+    return body
+
+
+def served_logprobs(url, text, media, timeout) -> tuple[list[int], list[float | None]]:
+    body = _media({"text": text, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+                   "return_logprob": True, "logprob_start_len": 0}, media)
     meta = _post(f"{url}/generate", body, timeout)["meta_info"]
     entries = meta["input_token_logprobs"]
     return [int(e[1]) for e in entries], [None if e[0] is None else float(e[0]) for e in entries]
 
 
-def served_greedy(url, text, images, steps, timeout) -> tuple[list[int], list]:
-    body = {"text": text, "return_logprob": True, "top_logprobs_num": 2,
-            "sampling_params": {"max_new_tokens": steps, "temperature": 0, "ignore_eos": True}}
-    if images:
-        body["image_data"] = images
+def served_greedy(url, text, media, steps, timeout) -> tuple[list[int], list]:
+    body = _media({"text": text, "return_logprob": True, "top_logprobs_num": 2,
+                   "sampling_params": {"max_new_tokens": steps, "temperature": 0,
+                                       "ignore_eos": True}}, media)
     meta = _post(f"{url}/generate", body, timeout)["meta_info"]
     ids = [int(e[1]) for e in meta["output_token_logprobs"]]
     return ids, meta.get("output_top_logprobs") or []
@@ -193,7 +255,7 @@ def compare_greedy(hf_ids, hf_gaps, sg_ids, sg_top, tie_gap) -> dict:
     return {"equal": True, "steps": len(hf_ids)}
 
 
-def greedy(engine, messages, prompt_text, images, args, tie_gap: float) -> dict:
+def greedy(engine, messages, prompt_text, media, args, tie_gap: float) -> dict:
     import torch
 
     inputs = engine.prepare(messages)
@@ -202,7 +264,7 @@ def greedy(engine, messages, prompt_text, images, args, tie_gap: float) -> dict:
         ids = engine.model.generate(**inputs, max_new_tokens=args.greedy_steps, eos_token_id=[])
     hf_ids = ids[0, prompt_len:].tolist()
     gaps = engine.score(messages, continuation=hf_ids)["top2_gap"][prompt_len:]
-    served_ids, served_top = served_greedy(args.url, prompt_text, images, args.greedy_steps,
+    served_ids, served_top = served_greedy(args.url, prompt_text, media, args.greedy_steps,
                                            args.timeout)
     return compare_greedy(hf_ids, gaps, served_ids, served_top, tie_gap)
 
@@ -222,6 +284,9 @@ def run(args) -> int:
     scale = lm_head_scale_of(args.model_path)
     logprob_tol, tie_gap = args.logprob_tol * scale, args.tie_gap * scale
     cases = prompts()
+    if not pyav_available():
+        print("moss-vl parity: PyAV is not installed: the video prompts are left out "
+              "(pip install av)", file=sys.stderr)
     if args.only:
         cases = [c for c in cases if any(o in c[0] for o in args.only)]
     report = {"label": args.label, "url": args.url, "model_path": args.model_path,
@@ -232,13 +297,14 @@ def run(args) -> int:
               "prompts": []}
     failures = 0
     for name, messages in cases:
-        images = _images_of(messages)
+        media = {"image_data": _images_of(messages), "video_data": _videos_of(messages)}
         prompt_text = engine.processor.apply_chat_template(
             _template_messages(messages), add_generation_prompt=True, tokenize=False)
-        entry = {"name": name, "images": len(images)}
+        entry = {"name": name, "images": len(media["image_data"]),
+                 "videos": len(media["video_data"])}
         try:
             scored = engine.score(messages, continuation=CONTINUATION)
-            sg_ids, sg_lp = served_logprobs(args.url, prompt_text + CONTINUATION, images,
+            sg_ids, sg_lp = served_logprobs(args.url, prompt_text + CONTINUATION, media,
                                             args.timeout)
             tf = compare_teacher_forced(scored["input_ids"], scored["token_logprobs"],
                                         sg_ids, sg_lp)
@@ -248,7 +314,7 @@ def run(args) -> int:
             entry["teacher_forced"] = tf
 
             if args.greedy_steps > 0:
-                entry["greedy"] = greedy(engine, messages, prompt_text, images, args, tie_gap)
+                entry["greedy"] = greedy(engine, messages, prompt_text, media, args, tie_gap)
             else:
                 entry["greedy"] = {"equal": True, "steps": 0}
         except (RuntimeError, OSError, InferError, KeyError) as err:

@@ -71,6 +71,14 @@ install_batches() {
             sha256sum "$w" | cut -d' ' -f1 >"$marks/${w##*/}"
         done
     done
+    # pip --target --upgrade replaces $SITE/bin with the last wheel's (PyAV's, in
+    # batch d): give moss-vl its console script back.
+    if [ -d "$SITE/moss_vl" ] && [ ! -x "$SITE/bin/moss-vl" ]; then
+        mkdir -p "$SITE/bin"
+        printf '#!/usr/bin/env python3\nimport sys\nfrom moss_vl.cli import main\nsys.exit(main())\n' \
+            >"$SITE/bin/moss-vl"
+        chmod 0755 "$SITE/bin/moss-vl"
+    fi
     local missing=() pkg
     # One package of each batch (a: sgl_kernel, transformers; b: sglang,
     # flashinfer; c: moss_vl, locust).

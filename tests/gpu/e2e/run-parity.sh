@@ -13,7 +13,9 @@
 # batches b and c carried (as for run-e2e.sh):
 #   bash tests/gpu/e2e/run-parity.sh
 # E2E_BUDGET_S (570) bounds the run; E2E_PARITY_SCALE (50) the LM-head scale;
-# E2E_PARITY_STEPS (32) the greedy steps.
+# E2E_PARITY_STEPS (32) the greedy steps; E2E_PARITY_VARIANTS (triton,mask,plugin_off)
+# the servers; E2E_PARITY_ONLY (all) prompt-name fragments, space-separated. The
+# video prompts need PyAV: carry .whl/d (a call of its own, tests/gpu/e2e/README.md).
 set -uo pipefail
 cd "$(dirname "$0")/../../.." || exit 2
 # shellcheck source=tests/gpu/e2e/lib.sh
@@ -41,7 +43,8 @@ parity_variant() {
         || { stop_server; return 1; }
     timeout "$(at_least_10 $(( $(remaining) - 30 )))" python3 -m moss_vl.parity \
         --url "$URL" --model-path "$MODEL" --device cuda --dtype bfloat16 \
-        --greedy-steps "$STEPS" --label "$name" --out "$WORK/parity-$name.json"
+        --greedy-steps "$STEPS" --label "$name" --out "$WORK/parity-$name.json" \
+        ${E2E_PARITY_ONLY:+--only $E2E_PARITY_ONLY}
     local rc=$?
     stop_server
     return $rc

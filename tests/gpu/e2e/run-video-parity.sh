@@ -26,13 +26,6 @@ part_video() {
     step "install batch d (PyAV)"
     install_batches || return 3
     [ -d "$SITE/av" ] || { echo "PyAV is not installed: carry .whl/d"; return 3; }
-    # pip --target --upgrade replaces $SITE/bin with the last wheel's (PyAV's):
-    # give moss-vl its console script back.
-    if [ ! -x "$SITE/bin/moss-vl" ]; then
-        printf '#!/usr/bin/env python3\nimport sys\nfrom moss_vl.cli import main\nsys.exit(main())\n' \
-            >"$SITE/bin/moss-vl"
-        chmod 0755 "$SITE/bin/moss-vl"
-    fi
     env_setup
     stop_stale_server
     MODEL=$VIDEO_MODEL
