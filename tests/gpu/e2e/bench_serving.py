@@ -10,13 +10,15 @@ chat completion, streamed, so TTFT is what a client sees.
   video          64 frames of 448x448, each behind its timestamp text, as MOSS-VL
                  lays a sampled video out, then the question
   text           ~3,400 tokens of text, no image
-  mixed-decode   half text-only, half single-image requests at once, 128 tokens
-                 each with ignore_eos: the decode batch mixes both kinds
+  mixed-decode   half text-only, half single-image requests at once (alternating
+                 by request seed), 128 tokens each with ignore_eos: the decode batch
+                 mixes both kinds
 
-For each workload and concurrency: TTFT p50/p95, prefill tokens/s (prompt tokens
-over TTFT at concurrency 1), decode tokens/s per request (tokens after the first
-over the time after the first), aggregate output tokens/s, and the greedy tokens of
-each request (to compare variants). Images differ per request (a seed per request)
+For each workload and concurrency: TTFT p50/p95 (at concurrency 1 at least
+C1_REQUESTS sequential requests), prefill tokens/s (prompt tokens over TTFT), decode
+tokens/s per request (tokens after the first over the time after the first),
+aggregate output tokens/s, and the greedy texts of each request (`--compare-to`
+compares them between variants). Images differ per request (a seed per request)
 so that every request encodes its own images, as distinct users' do.
 """
 
@@ -27,6 +29,7 @@ import base64
 import http.client
 import io
 import json
+import math
 import statistics
 import sys
 import threading
@@ -34,6 +37,7 @@ import time
 import urllib.parse
 
 WORKLOADS = ("single-image", "multi-turn", "video", "text", "mixed-decode")
+C1_REQUESTS = 6  # at least this many sequential requests at concurrency 1
 
 
 def image_uri(width: int, height: int, seed: int) -> str:
@@ -155,13 +159,16 @@ def run(client: Client, workload: str, concurrency: int, rounds: int, max_tokens
             results.append(r)
 
     wall_start = time.perf_counter()
+    if concurrency == 1:
+        # Sequential requests are cheap and a p50 of two says little.
+        rounds = max(rounds, C1_REQUESTS)
     for rnd in range(rounds):
         threads = []
         for i in range(concurrency):
             seed = seed0 + rnd * concurrency + i
             kind = workload
             if workload == "mixed-decode":
-                kind = "text" if i % 2 == 0 else "single-image"
+                kind = "text" if seed % 2 == 0 else "single-image"
             threads.append(threading.Thread(target=one, args=(seed, kind)))
         for t in threads:
             t.start()
@@ -172,9 +179,12 @@ def run(client: Client, workload: str, concurrency: int, rounds: int, max_tokens
     ttfts = sorted(r["ttft_s"] for r in ok)
 
     def pct(values, q):
+        # p50 the median; other quantiles by nearest rank (p95 of 16 is the 16th value).
         if not values:
             return None
-        return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+        if q == 0.5:
+            return statistics.median(values)
+        return values[max(0, math.ceil(q * len(values)) - 1)]
 
     decode = [r["decode_tok_s"] for r in ok if r["decode_tok_s"]]
     summary = {
@@ -192,11 +202,33 @@ def run(client: Client, workload: str, concurrency: int, rounds: int, max_tokens
     return summary
 
 
+def compare(path: str, baseline: str) -> list[dict]:
+    """Per workload, concurrency and variant: how many greedy texts equal the baseline's
+    (same request seeds). Meaningful on a checkpoint with a scaled LM head only: random
+    weights give near-uniform distributions, where bf16 rounding decides the token."""
+    rows: dict[tuple, dict] = {}
+    with open(path) as fh:
+        for line in fh:
+            row = json.loads(line)
+            rows[(row["workload"], row["concurrency"], row["variant"])] = row
+    report = []
+    for (workload, conc, variant), row in sorted(rows.items()):
+        base = rows.get((workload, conc, baseline))
+        if variant == baseline or base is None:
+            continue
+        common = sorted(set(base["tokens"]) & set(row["tokens"]))
+        equal = [k for k in common if base["tokens"][k] == row["tokens"][k]]
+        report.append({"workload": workload, "concurrency": conc, "variant": variant,
+                       "baseline": baseline, "compared": len(common), "equal": len(equal),
+                       "differ": sorted(set(common) - set(equal))})
+    return report
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:30000")
     parser.add_argument("--model", default="moss-vl")
-    parser.add_argument("--variant", required=True)
+    parser.add_argument("--variant", default="")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--rounds", type=int, default=2)
@@ -206,7 +238,16 @@ def main(argv=None) -> int:
     parser.add_argument("--deadline", type=float, default=0,
                         help="unix time after which no new measurement starts")
     parser.add_argument("--out", required=True, help="JSON lines file to append to")
+    parser.add_argument("--compare-to", metavar="VARIANT",
+                        help="measure nothing: compare the greedy texts in --out with this "
+                             "variant's, print one JSON line per workload and variant")
     args = parser.parse_args(argv)
+    if args.compare_to:
+        for line in compare(args.out, args.compare_to):
+            print(json.dumps(line), flush=True)
+        return 0
+    if not args.variant:
+        parser.error("--variant is required to measure")
     client = Client(args.url, args.model, args.timeout)
     # Warm-up: kernels and graphs a workload needs first are compiled outside the window.
     for workload in args.workloads.split(","):

@@ -110,7 +110,9 @@ port_open() {
 
 # start_server NAME [VAR=value ...]: moss-vl serve in its own process group
 # (job control), log in $WORK/server-NAME.log. The group lets stop_server end
-# the scheduler and detokenizer processes too, and only those.
+# the scheduler and detokenizer processes too, and only those. A non-empty
+# SERVER_CMD array replaces `moss-vl serve ...` (SGLang launched as upstream does).
+SERVER_CMD=()
 start_server() {
     local name=$1
     shift
@@ -119,9 +121,10 @@ start_server() {
         echo "start_server: port $PORT is already in use; not starting $name"
         return 1
     fi
+    local cmd=(moss-vl serve "${SERVE_ARGS[@]}" -- "${SGLANG_ARGS[@]}")
+    [ "${#SERVER_CMD[@]}" -eq 0 ] || cmd=("${SERVER_CMD[@]}")
     set -m
-    env -u SGLANG_PLUGINS -u MOSS_VL_CROSS_ATTN_PLAN "$@" \
-        moss-vl serve "${SERVE_ARGS[@]}" -- "${SGLANG_ARGS[@]}" >"$SERVER_LOG" 2>&1 &
+    env -u SGLANG_PLUGINS -u MOSS_VL_CROSS_ATTN_PLAN "$@" "${cmd[@]}" >"$SERVER_LOG" 2>&1 &
     SERVER_PID=$!
     set +m
     echo "$SERVER_PID" >"$WORK/server.pid"

@@ -8,7 +8,12 @@
 # run-e2e.sh (batches b, c) ran on the same warm machine:
 #   bash tests/gpu/e2e/run-full-scale.sh
 # E2E_BUDGET_S (570) bounds the whole run; FULL_VARIANTS (triton,plugin_off)
-# and FULL_WORKLOADS pick what runs.
+# and FULL_WORKLOADS pick what runs. Variants: upstream (python -m
+# sglang.launch_server with the flags upstream documents, no plugin), plugin_off
+# (the CUDA preset, SGLANG_PLUGINS=none), triton, staircase, mask.
+# FULL_LM_HEAD_SCALE (50) peaks the random checkpoint's outputs, so that the greedy
+# texts of two variants are comparable (bench_serving.py --compare-to, printed at
+# the end against plugin_off: graph decode against eager for text-only rows).
 set -uo pipefail
 cd "$(dirname "$0")/../../.." || exit 2
 # shellcheck source=tests/gpu/e2e/lib.sh
@@ -17,6 +22,7 @@ source tests/gpu/e2e/lib.sh
 FULL_MODEL=${FULL_MODEL:-/tmp/moss-vl-full}
 JSONL=$WORK/full-scale.jsonl
 FULL_VARIANTS=${FULL_VARIANTS:-triton,plugin_off}
+FULL_LM_HEAD_SCALE=${FULL_LM_HEAD_SCALE:-50}
 # The published model's serving flags (REFERENCE.md), CUDA graphs kept; the
 # three backend flags are the H200 batch's limits (lib.sh says why).
 SERVE_ARGS=(
@@ -33,18 +39,31 @@ full() {
     install_batches || return 3
     env_setup
     stop_stale_server
-    rm -f "$JSONL"
+    # FULL_APPEND=1: a second call on the same machine adds its variants to the first's.
+    [ "${FULL_APPEND:-0}" = 1 ] || rm -f "$JSONL"
 
     step "full-size checkpoint (random weights drawn on the GPU, written shard by shard)"
     if [ ! -f "$FULL_MODEL/model.safetensors.index.json" ]; then
         /usr/bin/time -f "checkpoint: %e s, max RSS %M KiB" timeout 240 \
-            python3 -m moss_vl.testing "$FULL_MODEL" --size full --device cuda || return 1
+            python3 -m moss_vl.testing "$FULL_MODEL" --size full --device cuda \
+            --lm-head-scale "$FULL_LM_HEAD_SCALE" || return 1
     fi
     du -sh "$FULL_MODEL"
 
+    cat "$FULL_MODEL/moss_vl_testing.json" 2>/dev/null
     local variant env_args
     for variant in ${FULL_VARIANTS//,/ }; do
+        SERVER_CMD=()
         case $variant in
+            upstream)
+                env_args=(SGLANG_PLUGINS=none)
+                # REFERENCE.md's flags, the port and sizes of this run, and the
+                # H200 batch's backend limits (lib.sh says why).
+                SERVER_CMD=(python3 -m sglang.launch_server --model-path "$FULL_MODEL"
+                    --served-model-name moss-vl --port "$PORT" --trust-remote-code
+                    --enable-multimodal --dtype bfloat16 --mem-fraction-static 0.6
+                    --context-length 32768 --prefill-attention-backend flashinfer
+                    "${SGLANG_ARGS[@]}") ;;
             plugin_off) env_args=(SGLANG_PLUGINS=none) ;;
             mask) env_args=(MOSS_VL_CROSS_ATTN_PLAN=mask) ;;
             staircase) env_args=(MOSS_VL_CROSS_ATTN_PLAN=staircase) ;;
@@ -66,6 +85,9 @@ full() {
             | sed "s/^/$variant /" >>"$WORK/metrics.txt"
         stop_server
     done
+    SERVER_CMD=()
+    step "greedy texts against plugin_off (LM head x$FULL_LM_HEAD_SCALE)"
+    python3 tests/gpu/e2e/bench_serving.py --out "$JSONL" --compare-to plugin_off
     cp "$JSONL" "$OUTDIR/full-scale.jsonl" 2>/dev/null
     true
 }

@@ -1,0 +1,77 @@
+"""`tests/gpu/e2e/bench_serving.py`, the full-scale run's client, against the wire fixture.
+
+Contract: every workload's requests reach the server as OpenAI chat completions
+(mixed-decode alternates text-only and single-image requests by seed, at every
+concurrency); concurrency 1 sends at least C1_REQUESTS sequential requests; p50 is
+the median; `--compare-to` counts, per workload, concurrency and variant, the greedy
+texts equal to the baseline variant's for the same request seeds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent / "gpu" / "e2e" / "bench_serving.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_serving", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_workloads_reach_the_server_and_are_summarised(bench, fixture_server, tmp_path):
+    server = fixture_server(num_tokens=6)
+    out = tmp_path / "runs.jsonl"
+    assert bench.main(["--url", server.url, "--variant", "a", "--workloads",
+                       "text,mixed-decode", "--concurrency", "1,2", "--rounds", "1",
+                       "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    by_key = {(r["workload"], r["concurrency"]): r for r in rows}
+    assert set(by_key) == {("text", 1), ("text", 2), ("mixed-decode", 1), ("mixed-decode", 2)}
+    assert by_key[("text", 1)]["requests"] == bench.C1_REQUESTS
+    assert all(r["ok"] == r["requests"] and not r["errors"] for r in rows)
+    for workload in ("mixed-decode",):
+        for conc in (1, 2):
+            kinds = {key.split(":")[0] for key in by_key[(workload, conc)]["tokens"]}
+            assert kinds == {"text", "single-image"}, (workload, conc, kinds)
+    chats = server.chat_records()
+    with_images = [r for r in chats if r.images]
+    assert with_images and all(r.images[0][1:] == (1024, 1024) for r in with_images)
+    assert all(r.body["stream"] and r.body["temperature"] == 0 for r in chats)
+
+
+def test_p50_is_the_median(bench, monkeypatch):
+    times = iter([0.1, 0.3])
+
+    class Client:
+        def stream(self, messages, max_tokens, ignore_eos=False):
+            return {"status": 200, "ttft_s": next(times), "e2e_s": 1.0, "decode_tok_s": None,
+                    "prompt_tokens": 10, "completion_tokens": 1, "text": "x"}
+
+    monkeypatch.setattr(bench, "C1_REQUESTS", 2)
+    summary = bench.run(Client(), "text", 1, 1, 4, seed0=0)
+    assert (summary["ttft_p50_ms"], summary["ttft_p95_ms"]) == (200.0, 300.0)
+
+
+def test_compare_counts_equal_texts_per_variant(bench, tmp_path, capsys):
+    out = tmp_path / "runs.jsonl"
+    rows = [
+        {"workload": "text", "concurrency": 8, "variant": "plugin_off",
+         "tokens": {"text:1": "a b", "text:2": "c d", "text:3": "e"}},
+        {"workload": "text", "concurrency": 8, "variant": "triton",
+         "tokens": {"text:1": "a b", "text:2": "c x", "text:3": "e"}},
+        {"workload": "video", "concurrency": 1, "variant": "triton", "tokens": {"video:1": "z"}},
+    ]
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert bench.main(["--out", str(out), "--compare-to", "plugin_off"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines == [{"workload": "text", "concurrency": 8, "variant": "triton",
+                      "baseline": "plugin_off", "compared": 3, "equal": 2,
+                      "differ": ["text:2"]}]
