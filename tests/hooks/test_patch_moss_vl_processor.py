@@ -89,3 +89,107 @@ def test_no_temp_file_is_left_when_one_video_of_a_request_fails(tmp_path):
     normalized, created = asyncio.run(normalize_videos_without_leaks(proc, ["a", "b"]))
     assert normalized == created == [str(tmp_path / "a.mp4"), str(tmp_path / "b.mp4")]
     assert asyncio.run(normalize_videos_without_leaks(proc, None)) == (None, [])
+
+
+# ---- moss_vl_processor.process_off_the_event_loop / use_worker_processor -------------
+# Upstream's own executor class (both lines: 0.5.17 takes the processor, 0.5.23 a
+# callable); the end-to-end proof through SGLang's route and MossVLImageProcessor is
+# tests/testing/test_processor_workers.py.
+
+
+class HFProcessor:
+    """Stands in for the HF processor only as the thing that gets cloned per thread."""
+
+
+def _moss_processor(workers=2, **attrs):
+    import types
+
+    return types.SimpleNamespace(
+        server_args=types.SimpleNamespace(mm_processor_worker_num=workers),
+        **{"_processor": HFProcessor(), "mm_processor_executor": None, "use_cuda_ipc": False,
+           **attrs})
+
+
+def _process_mm_data(self, input_text, images=None, videos=None, audios=None, processor=None):
+    """Upstream's signature; returns what it would run with."""
+    return processor or self._processor
+
+
+def test_the_request_runs_on_a_worker_with_its_own_processor_clone():
+    import asyncio
+    import threading
+
+    from moss_vl.hooks.patch_moss_vl_processor import (
+        process_off_the_event_loop,
+        use_worker_processor,
+    )
+
+    proc = _moss_processor()
+    seen = []
+
+    async def original(self, image_data, input_text, request_obj, **kwargs):
+        await asyncio.sleep(0)  # the worker's own loop serves the coroutine's awaits
+        used = use_worker_processor(_process_mm_data, self, input_text=input_text)
+        seen.append((threading.current_thread().name, used))
+        if input_text == "bad":
+            raise ValueError("image 0 of the request: not an image")
+        return input_text.upper()
+
+    async def main():
+        return [await process_off_the_event_loop(original, proc, [], text, None,
+                                                 max_req_input_len=10)
+                for text in ("a", "b")]
+
+    assert asyncio.run(main()) == ["A", "B"]
+    with pytest.raises(ValueError, match="not an image"):  # still HTTP 400 upstream
+        asyncio.run(process_off_the_event_loop(original, proc, [], "bad", None))
+    assert all(name.startswith("sglang-mm-processor") for name, _ in seen)
+    clones = [used for _, used in seen]
+    assert all(isinstance(c, HFProcessor) and c is not proc._processor for c in clones)
+    # Outside a worker the shared processor is used, and an explicit one is kept.
+    assert use_worker_processor(_process_mm_data, proc, "x") is proc._processor
+    mine = HFProcessor()
+    assert use_worker_processor(_process_mm_data, proc, "x", processor=mine) is mine
+
+
+def test_concurrent_requests_overlap_up_to_the_worker_count():
+    import asyncio
+    import threading
+    import time
+
+    from moss_vl.hooks.patch_moss_vl_processor import process_off_the_event_loop
+
+    proc = _moss_processor(workers=2)
+    lock, running, peak = threading.Lock(), [0], [0]
+
+    async def original(self, *args, **kwargs):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.2)  # the processor holding its thread, as upstream's does the loop
+        with lock:
+            running[0] -= 1
+
+    async def main():
+        await asyncio.gather(*(process_off_the_event_loop(original, proc, [], "t", None)
+                               for _ in range(4)))
+
+    asyncio.run(main())
+    assert peak[0] == 2
+
+
+def test_only_an_explicit_worker_count_leaves_the_loop():
+    from moss_vl.hooks.patch_moss_vl_processor import processor_executor
+
+    upstreams = object()
+    assert processor_executor(_moss_processor(workers=1)) is None
+    # Auto (0): upstream's path, even where 0.5.23 built its pool of two anyway.
+    assert processor_executor(_moss_processor(workers=0, mm_processor_executor=upstreams)) is None
+    assert processor_executor(_moss_processor(workers=4,
+                                              mm_processor_executor=upstreams)) is upstreams
+    built = _moss_processor(workers=4)  # 0.5.17: no pool for MOSS-VL upstream
+    assert processor_executor(built) is not None
+    assert processor_executor(built) is processor_executor(built)  # built once
+    ipc = _moss_processor(workers=4, mm_processor_executor=upstreams)
+    ipc.use_cuda_ipc = True  # its memory pool belongs to the tokenizer's thread
+    assert processor_executor(ipc) is None

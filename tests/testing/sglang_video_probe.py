@@ -99,9 +99,14 @@ def main(checkpoint: str, video_dir: str) -> dict:
         model_path=checkpoint, trust_remote_code=True, device="cpu",
         prefill_attention_backend="flashinfer",
         mm_process_config={"video": spec["video_limits"]},
+        # SGLang's multimodal processor workers (0: its auto choice).
+        mm_processor_worker_num=spec.get("mm_processor_worker_num", 0),
     )
-    runtime_context.publish(server_args, role="tokenizer",
-                            ranks=runtime_context.SpawnRanks(world_rank=0))
+    if hasattr(runtime_context, "SpawnRanks"):  # 0.5.23; 0.5.17 takes no ranks
+        runtime_context.publish(server_args, role="tokenizer",
+                                ranks=runtime_context.SpawnRanks(world_rank=0))
+    else:
+        runtime_context.publish(server_args, role="tokenizer")
     tokenizer_manager = TokenizerManager(server_args, PortArgs.init_new(server_args),
                                          start_pd_bootstrap_service=False)
     # What the server learns from the scheduler at start; no scheduler runs here.
@@ -142,6 +147,8 @@ def main(checkpoint: str, video_dir: str) -> dict:
 
     report: dict = {"temp_files_before": temp_files(), "good": {}, "bad": {}}
     report["mm_processor"] = type(tokenizer_manager.mm_processor).__name__
+    calls = watch_processor(tokenizer_manager.mm_processor._processor,
+                            spec.get("processor_delay_s", 0.0))
 
 
     sent = []
@@ -161,7 +168,9 @@ def main(checkpoint: str, video_dir: str) -> dict:
 
     def good(case) -> dict:
         del sent[:]
+        calls.clear()
         status, payload = post(case)
+        processor_calls = list(calls)
         if len(sent) != 1:
             return {"status": status, "body": payload, "sent": len(sent)}
         tokenized = sent[0]
@@ -179,6 +188,7 @@ def main(checkpoint: str, video_dir: str) -> dict:
             "media_nums_per_sample": mm.media_nums_per_sample,
             "temp_files": temp_files(),
             "metrics": media_metrics(),
+            "processor_calls": processor_calls,
         }
 
     for name, case in spec["good"].items():
@@ -191,9 +201,85 @@ def main(checkpoint: str, video_dir: str) -> dict:
     # Still serving: the first good request once more, after every bad one.
     first = next(iter(spec["good"]))
     report["after_bad"] = good(spec["good"][first])
+    if "concurrent" in spec:
+        report["concurrent"] = at_once(http_server.app, body(spec["good"][spec["concurrent"]["case"]]),
+                                       spec["concurrent"]["count"], sent, calls)
     report["temp_files_after"] = temp_files()
     file_server.shutdown()
     return report
+
+
+def run_in_child(checkpoint, directory, spec: dict, env: dict) -> dict:
+    """This probe in a child process on `spec` (written to DIRECTORY/probe.json), with
+    `env` over the environment; its report, or RuntimeError with the child's stderr."""
+    import subprocess
+
+    directory = Path(directory)
+    (directory / "probe.json").write_text(json.dumps(spec))
+    result = subprocess.run([sys.executable, __file__, str(checkpoint), str(directory)],
+                            check=False, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, **env})
+    lines = [line for line in result.stdout.splitlines()
+             if line.startswith("MOSS_VL_VIDEO_PROBE ")]
+    if result.returncode != 0 or not lines:
+        raise RuntimeError(f"sglang_video_probe.py exited {result.returncode}:\n"
+                           f"{result.stderr[-4000:]}")
+    return json.loads(lines[-1][len("MOSS_VL_VIDEO_PROBE "):])
+
+
+def watch_processor(hf_processor, delay_s: float) -> list:
+    """Record every call of the HF processor: its thread, whether it is the shared
+    instance (SGLang's worker pool gives each thread a clone), and how many calls ran
+    at once; `delay_s` stretches each call so that overlap is visible."""
+    calls: list = []
+    lock = threading.Lock()
+    running = [0]
+    cls = type(hf_processor)
+    original = cls.__call__
+
+    @functools.wraps(original)
+    def watched(self, *args, **kwargs):
+        with lock:
+            running[0] += 1
+            entry = {"thread": threading.current_thread().name, "shared": self is hf_processor,
+                     "at_once": running[0]}
+            calls.append(entry)
+        try:
+            if delay_s:
+                import time
+
+                time.sleep(delay_s)
+            return original(self, *args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    cls.__call__ = watched
+    return calls
+
+
+def at_once(app, body: dict, count: int, sent: list, calls: list) -> dict:
+    """`count` copies of one request on one event loop, as SGLang's HTTP process
+    serves concurrent clients (uvicorn: one loop), to the scheduler hand-off."""
+    import asyncio
+
+    import httpx
+
+    del sent[:]
+    calls.clear()
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://probe",
+                                     timeout=120) as client:
+            return await asyncio.gather(*(client.post("/v1/chat/completions", json=body)
+                                          for _ in range(count)))
+
+    responses = asyncio.run(run())
+    return {"statuses": [r.status_code for r in responses],
+            "handed_off": [HANDED_OFF in r.text for r in responses],
+            "input_ids": [list(t.input_ids) for t in sent],
+            "processor_calls": list(calls)}
 
 
 if __name__ == "__main__":

@@ -21,18 +21,15 @@ moss_vl_processor.client_video_errors is what makes them 400).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from sglang_video_probe import run_in_child
+
 from moss_vl import masks
 
 IMAGE = 151655
-PROBE = Path(__file__).with_name("sglang_video_probe.py")
 HANDED_OFF = "moss-vl probe: handed to the scheduler"
 LIMITS = {"video_fps": 2.0, "max_frames": 8, "max_duration_seconds": 30.0,
           "max_video_bytes": 200_000}
@@ -108,17 +105,13 @@ def make_videos(directory: Path) -> None:
 
 
 def run_probe(checkpoint: Path, directory: Path, spec: dict, plugins: str) -> dict:
-    (directory / "probe.json").write_text(json.dumps(spec))
     tmp = directory / f"tmp-{plugins}"
     tmp.mkdir()
-    env = {**os.environ, "TMPDIR": str(tmp), "SGLANG_PLUGINS": plugins}
-    result = subprocess.run([sys.executable, str(PROBE), str(checkpoint), str(directory)],
-                            check=False, capture_output=True, text=True, timeout=600, env=env)
-    lines = [line for line in result.stdout.splitlines()
-             if line.startswith("MOSS_VL_VIDEO_PROBE ")]
-    if result.returncode != 0 or not lines:
-        pytest.fail(f"sglang_video_probe.py exited {result.returncode}:\n{result.stderr[-4000:]}")
-    return json.loads(lines[-1][len("MOSS_VL_VIDEO_PROBE "):])
+    try:
+        return run_in_child(checkpoint, directory, spec,
+                            {"TMPDIR": str(tmp), "SGLANG_PLUGINS": plugins})
+    except RuntimeError as err:
+        pytest.fail(str(err))
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +128,9 @@ def workdir(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def probe(workdir) -> dict:
     checkpoint, directory = workdir
-    spec = {"video_limits": LIMITS, "good": GOOD,
+    # Two processor workers on both SGLang lines: every request below runs on the
+    # plugin's off-the-event-loop path (moss_vl_processor.process_off_the_event_loop).
+    spec = {"video_limits": LIMITS, "good": GOOD, "mm_processor_worker_num": 2,
             "bad": {name: {"turns": [turn]} for name, (turn, _) in BAD.items()}}
     spec["bad"]["streamed_corrupt"] = {"stream": True, "turns": [BAD["corrupt_container"][0]]}
     return run_probe(checkpoint, directory, spec, "moss_vl")
@@ -201,6 +196,14 @@ def test_two_videos_then_an_image_in_the_next_turn(probe):
     text_ = out["text"]
     assert text_.index(frame_layout(MP4_TIMES)) < text_.index(frame_layout(WEBM_TIMES))
     assert text_.index("The second is longer.") < text_.index("<|image_pad|>And this picture?")
+
+
+def test_videos_are_processed_on_the_worker_threads(probe):
+    for name, out in probe["good"].items():
+        calls = out["processor_calls"]
+        assert len(calls) == 1, (name, calls)
+        assert calls[0]["thread"].startswith("sglang-mm-processor"), (name, calls)
+        assert not calls[0]["shared"], (name, calls)
 
 
 @pytest.mark.parametrize("name", [*BAD, "streamed_corrupt"])

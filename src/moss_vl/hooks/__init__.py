@@ -134,6 +134,22 @@ patch_moss_vl_processor:
         accepted request (moss_vl:media_items, moss_vl:video_frames); SGLang
         counts neither.
     Removal: when SGLang exports these itself.
+``...MossVLImageProcessor.process_mm_data_async`` (around) and ``.process_mm_data`` (around)
+    Why: upstream runs the image processor synchronously inside the coroutine, on
+        the tokenizer process's event loop: a 64-frame request holds the loop for
+        the processor's whole run (~90 % of its CPU time before the scheduler) and
+        concurrent requests are processed one after another (11-14 s to the first
+        token for 8 such requests on the H200). SGLang's processor worker pool
+        (``--mm-processor-worker-num``; 0.5.23 builds it, auto 2, and MOSS-VL
+        never uses it; 0.5.17 builds none for MOSS-VL) exists for exactly this.
+    How: with the flag above 1, the request's coroutine runs on a worker of that
+        pool (0.5.17: one built from the flag's value with upstream's executor
+        class), on the worker's own event loop, and ``process_mm_data`` takes the
+        worker's processor clone. The auto setting, one worker, or CUDA IPC
+        feature transport keep upstream's path (opt-in until measured on a GPU
+        host: on 2 CPU cores it did not help concurrent requests).
+    Removal: when upstream's MOSS-VL processor runs on its executor.
+    Upstream: no issue or PR found.
 ``...MossVLImageProcessor._normalize_video_inputs_async`` (replace; 0.5.17 only)
     Why: 0.5.17 gathers the videos of a request without ``return_exceptions``: when
         one fails, the temporary files already written for the others stay on disk.

@@ -13,11 +13,17 @@ success and failure alike; tests/testing/test_video_sglang.py counts them).
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import inspect
+import logging
+
 from moss_vl import metrics
 from moss_vl.hooks import Hook
 from moss_vl.sglang_versions import SGLANG_0_5_17
 
 _MODULE = "sglang.srt.multimodal.processors.moss_vl"
+logger = logging.getLogger(__name__)
 
 
 def describe_video_input(video_input) -> str:
@@ -91,6 +97,83 @@ async def count_media(original, self, image_data, input_text, request_obj, *args
     return out
 
 
+# The processor clone of the worker thread running this request (set only there).
+_WORKER_PROCESSOR = contextvars.ContextVar("moss_vl_worker_processor", default=None)
+_NO_EXECUTOR = object()
+
+
+def processor_executor(self):
+    """SGLang's multimodal-processor worker pool for this request, or None (stay on the loop).
+
+    Only when the operator sets ``--mm-processor-worker-num`` above 1: at SGLang's auto
+    setting the request keeps upstream's path (0.5.23's auto builds two workers that
+    MOSS-VL never used; on a 2-core machine they made 4 concurrent 64-frame requests no
+    faster and a small request behind them slower, docs/benchmarks.md). 0.5.23 has the
+    pool built already; 0.5.17 builds none for MOSS-VL (its class does not declare
+    concurrency), so one is built here with upstream's executor class. CUDA IPC feature
+    transport keeps upstream's path: its memory pool is the tokenizer thread's.
+    """
+    workers = int(getattr(getattr(self, "server_args", None), "mm_processor_worker_num", 0)
+                  or 0)
+    if workers <= 1 or getattr(self, "use_cuda_ipc", False):
+        return None
+    executor = getattr(self, "mm_processor_executor", None)
+    if executor is not None:
+        return executor
+    own = self.__dict__.get("_moss_vl_processor_executor", _NO_EXECUTOR)
+    if own is _NO_EXECUTOR:
+        from sglang.srt.multimodal.processors.executor import MultimodalProcessorExecutor
+
+        # 0.5.17's executor takes the processor (it clones it at once), later lines a
+        # callable that resolves it.
+        first = next(iter(inspect.signature(MultimodalProcessorExecutor).parameters))
+        source = self._processor if first == "processor" else (lambda: self._processor)
+        try:
+            own = MultimodalProcessorExecutor(source, workers)
+        except Exception as err:  # a processor that cannot be cloned: stay on the loop
+            logger.warning("moss_vl: MOSS-VL processor workers off, the processor "
+                           "cannot be cloned (%s: %s)", type(err).__name__, err)
+            own = None
+        self._moss_vl_processor_executor = own
+    return own
+
+
+def _run_on_worker(original, self, args, kwargs, context, *, processor):
+    # The whole upstream coroutine, on this worker thread's own event loop, in the
+    # request's context: its awaits (video fetch, image loads on SGLang's I/O
+    # threads) work the same, and process_mm_data finds this thread's processor
+    # clone (use_worker_processor).
+    def run():
+        _WORKER_PROCESSOR.set(processor)
+        return asyncio.run(original(self, *args, **kwargs))
+
+    return context.run(run)
+
+
+async def process_off_the_event_loop(original, self, *args, **kwargs):
+    """Around ``MossVLImageProcessor.process_mm_data_async``: off the tokenizer's loop.
+
+    Upstream runs the image processor inside this coroutine, synchronously, on the
+    event loop of SGLang's tokenizer process: one 64-frame request holds the loop for
+    the processor's whole run, and concurrent requests are processed one after
+    another. SGLang's ``--mm-processor-worker-num`` pool exists for exactly this, but
+    MOSS-VL's processor never uses it. With the flag above 1 the request runs there.
+    """
+    executor = processor_executor(self)
+    if executor is None:
+        return await original(self, *args, **kwargs)
+    return await executor.run(_run_on_worker, original, self, args, kwargs,
+                              contextvars.copy_context())
+
+
+def use_worker_processor(original, self, *args, **kwargs):
+    """Around ``process_mm_data``: the worker thread's processor clone, not the shared one."""
+    clone = _WORKER_PROCESSOR.get()
+    if clone is not None and kwargs.get("processor") is None and len(args) < 5:
+        kwargs["processor"] = clone
+    return original(self, *args, **kwargs)
+
+
 def remove_files(paths) -> None:
     import os
 
@@ -108,6 +191,20 @@ TARGETS = [
         kind="around",
         func=count_media,
         signature=("self", "image_data", "input_text", "request_obj", "args", "kwargs"),
+    ),
+    Hook(
+        name="moss_vl_processor.process_off_the_event_loop",
+        target=f"{_MODULE}.MossVLImageProcessor.process_mm_data_async",
+        kind="around",
+        func=process_off_the_event_loop,
+        signature=("self", "image_data", "input_text", "request_obj", "args", "kwargs"),
+    ),
+    Hook(
+        name="moss_vl_processor.use_worker_processor",
+        target=f"{_MODULE}.MossVLImageProcessor.process_mm_data",
+        kind="around",
+        func=use_worker_processor,
+        signature=("self", "input_text", "images", "videos", "audios", "processor", "kwargs"),
     ),
     Hook(
         name="moss_vl_processor.client_video_errors",
