@@ -23,6 +23,8 @@ FULL_MODEL=${FULL_MODEL:-/tmp/moss-vl-full}
 JSONL=$WORK/full-scale.jsonl
 FULL_VARIANTS=${FULL_VARIANTS:-triton,plugin_off}
 FULL_LM_HEAD_SCALE=${FULL_LM_HEAD_SCALE:-50}
+# FULL_EXTRA_ARGS: SGLang flags for every variant, e.g. "--mm-processor-worker-num 8".
+read -r -a FULL_EXTRA <<<"${FULL_EXTRA_ARGS:-}"
 # The published model's serving flags (REFERENCE.md), CUDA graphs kept; the
 # three backend flags are the H200 batch's limits (lib.sh says why).
 SERVE_ARGS=(
@@ -32,6 +34,7 @@ SERVE_ARGS=(
 SGLANG_ARGS=(
     --attention-backend flashinfer --mm-attention-backend triton_attn
     --sampling-backend pytorch --cuda-graph-max-bs 16 --skip-server-warmup
+    "${FULL_EXTRA[@]}"
 )
 
 full() {
