@@ -204,7 +204,8 @@ TARGETS = [
         target=f"{_MODULE}.MossVLImageProcessor.process_mm_data",
         kind="around",
         func=use_worker_processor,
-        signature=("self", "input_text", "images", "videos", "audios", "processor", "kwargs"),
+        signature=("self", "input_text", "images", "videos", "audios", "processor",
+                   "processor_video_config", "kwargs"),
     ),
     Hook(
         name="moss_vl_processor.client_video_errors",
