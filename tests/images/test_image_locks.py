@@ -1,8 +1,10 @@
 """images/**/requirements*.lock: resolvable for the platforms they claim, and consistent.
 
 Contract: `images/lock.py --check` re-resolves every lock with the pinned uv
-for its recorded platform, Python and index date and reproduces it exactly
-(network to PyPI needed); the CUDA lock pins what pyproject.toml and the
+for its recorded platform, Python and index date, held to the lock's own pins,
+and reproduces its pins and hashes exactly (network to PyPI needed); a lock
+with a pin nothing needs, a pin missing, a changed hash or a pin its inputs
+refuse fails it; the CUDA lock pins what pyproject.toml and the
 Makefile pin (SGLang, torch) and satisfies every SGLang 0.5.23 requirement
 on linux x86_64. The Ascend image offers one SGLang line per
 images/ascend/sglang-<line>/ directory, each with a lock per arch: each pins
@@ -221,6 +223,55 @@ def test_every_lock_re_resolves_identically():
     checked = [line for line in proc.stdout.splitlines() if line.startswith("ok ")]
     # cuda and router (x86_64), then each Ascend line: requirements + sglang per arch
     assert len(checked) == 2 + 2 * len(ARCHES) * len(LINES)
+
+
+ROUTER_LOCK = ROOT / "images/router/requirements.lock"
+
+
+def _drifted(lock_text: str, tmp_path: Path):
+    """The router's Lock with `lock_text` as its output (the router set is the smallest)."""
+    out = tmp_path / "requirements.lock"
+    out.write_text(lock_text)
+    return lock_py.Lock(ROOT / "images/router/requirements.in", out, "x86_64")
+
+
+def _pin_block(text: str, name: str) -> str:
+    """A pin's lines in a lock: the `name==` line, its hashes and annotations."""
+    match = re.search(rf"^{re.escape(name)}==.*?(?=^[A-Za-z0-9]|\Z)", text, re.MULTILINE | re.DOTALL)
+    assert match, name
+    return match.group(0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drift", ["extra pin", "missing pin", "changed hash", "refused pin"])
+def test_check_fails_a_lock_that_drifted_from_its_inputs(drift, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", os.pathsep.join([str(ROOT / ".tools/bin"), os.environ.get("PATH", "")]))
+    text = ROUTER_LOCK.read_text()
+    if drift == "extra pin":
+        # a real package at a real version that the router's inputs never ask for
+        text += _pin_block(CUDA_LOCK.read_text(), "ml-dtypes")
+    elif drift == "missing pin":
+        text = text.replace(_pin_block(text, "orjson"), "")
+    elif drift == "changed hash":
+        digest = re.search(r"^uvicorn==.*?--hash=sha256:([0-9a-f]{64})", text, re.MULTILINE | re.DOTALL)[1]
+        text = text.replace(digest, "0" * 64)
+    else:
+        # requirements.in pins sglang-router==0.3.2; a lock holding another release is not its lock
+        text = text.replace("sglang-router==0.3.2", "sglang-router==0.3.1")
+    assert lock_py.check([_drifted(text, tmp_path)], jobs=1) == 1
+    err = capsys.readouterr().err
+    if drift == "refused pin":
+        assert "no longer resolves held to its own pins" in err
+    else:
+        assert "re-resolved" in err
+
+
+@pytest.mark.slow
+def test_check_passes_the_router_lock_from_a_copy(tmp_path, capsys, monkeypatch):
+    # the control for the drift cases: the same route with the lock unchanged passes
+    monkeypatch.setenv("PATH", os.pathsep.join([str(ROOT / ".tools/bin"), os.environ.get("PATH", "")]))
+    assert lock_py.check([_drifted(ROUTER_LOCK.read_text(), tmp_path)], jobs=1) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_lock_py_names_a_directory_without_locks():
