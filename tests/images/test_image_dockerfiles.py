@@ -6,8 +6,9 @@ and a HEALTHCHECK on /health at the preset port, exposes that port, sets the
 preset's environment (SGLANG_PLUGINS, ASCEND_USE_*) and MOSS_VL_* names that
 src/moss_vl/environ.py declares, runs `moss-vl serve` as its entrypoint (the
 Ascend one through a wrapper that sources CANN's set_env.sh first), installs
-only from lock files that exist with hashes and no caches left behind, and
-carries no secrets and no registry host names.
+only from lock files that exist with hashes and no caches left behind,
+carries the FFmpeg libraries its locked torchcodec loads, and carries no
+secrets and no registry host names.
 """
 
 from __future__ import annotations
@@ -353,3 +354,64 @@ def test_wrapper_without_set_env_says_which_variable(tmp_path):
     proc = run_wrapper(tmp_path, None, "--dry-run")
     assert proc.returncode == 1
     assert "MOSS_VL_ASCEND_SET_ENV" in proc.stderr and "set_env.sh" in proc.stderr
+
+
+def _locked_version(lock: Path, name: str) -> str | None:
+    match = re.search(rf"^{re.escape(name)}==(\S+)", lock.read_text(), re.MULTILINE)
+    return match.group(1) if match else None
+
+
+def _apt_packages(stage) -> set[str]:
+    packages: set[str] = set()
+    for ins in (i for i in stage if i.keyword == "RUN"):
+        for part in re.split(r"&&|;", ins.args):
+            if "apt-get install" in part:
+                packages |= {w for w in part.split() if re.fullmatch(r"[a-z0-9][a-z0-9.+-]+", w)}
+    return packages
+
+
+def _torchcodec_ffmpeg_sonames() -> dict[str, set[str]]:
+    """The FFmpeg sonames each core of the installed torchcodec links, by core."""
+    from importlib import metadata
+
+    files = [f for f in metadata.files("torchcodec") if re.fullmatch(r"torchcodec/libtorchcodec_core\d+\.so", str(f))]
+    assert files, "torchcodec ships no libtorchcodec_core*.so"
+    cores = {}
+    for f in files:
+        out = subprocess.run(
+            ["readelf", "-d", str(f.locate())], capture_output=True, text=True, check=True
+        ).stdout
+        needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+        cores[f.name] = {n for n in needed if re.match(r"lib(av|sw|postproc)", n)}
+    return cores
+
+
+@pytest.mark.parametrize("dev", DOCKERFILES)
+def test_runtime_stage_carries_the_ffmpeg_torchcodec_loads(dev):
+    """torchcodec's wheel brings no FFmpeg: it loads the system's, and MOSS-VL's
+    remote code decodes videos with it. Without the libraries every video
+    request fails in the image (on this machine: `Could not load this library:
+    .../libtorchcodec_core4.so`)."""
+    from importlib import metadata
+
+    locks = [ROOT / "images/cuda/requirements.lock"] if dev == "cuda" else sorted(
+        (ROOT / "images/ascend").glob("sglang-*/requirements-x86_64.lock")
+    )
+    locked = {lock: _locked_version(lock, "torchcodec") for lock in locks}
+    assert all(locked.values()), locked
+    # the wheel read below is the one these images lock (the oldest Ascend line's
+    # 0.11.1 links the same FFmpeg 4 sonames through its core4)
+    assert metadata.version("torchcodec") in locked.values()
+    instructions = parse_dockerfile(DOCKERFILES[dev])
+    runtime = stages(instructions)[-1]
+    base_arg = re.fullmatch(r"\$\{(\w+)\}", runtime[0].args.split()[0]).group(1)
+    # Ubuntu 22.04's FFmpeg is 4.4: package names below are its runtime packages
+    assert "ubuntu22.04" in global_args(instructions)[base_arg]
+    packages = _apt_packages(runtime)
+    # Debian/Ubuntu name a runtime library package after its soname: libavcodec.so.58 -> libavcodec58
+    loadable = {
+        core: sonames
+        for core, sonames in _torchcodec_ffmpeg_sonames().items()
+        if sonames and all(re.sub(r"\.so\.", "", s) in packages for s in sonames)
+    }
+    assert "libtorchcodec_core4.so" in loadable, (packages, _torchcodec_ffmpeg_sonames())
