@@ -8,8 +8,10 @@ chunk), the usage chunk is SGLang's `ChatCompletionStreamResponse`, then `[DONE]
 streamed text equals the non-streamed answer. Images are decoded and used; a bad one
 is a 400 in SGLang's error shape. /v1/models, /health and /metrics (sglang:* series that
 count the requests served) answer; with an API key, /v1/* wants the bearer token and
-/health does not. `serve` picks this engine by itself without an accelerator and says
-so in one line.
+/health does not. A video is laid out frame by frame into the prompt; a corrupt one is
+a 400. `serve` picks this engine by itself without an accelerator or with `--device
+cpu` (which the SGLang engine refuses, as it refuses `--attn-impl`) and says so in one
+line; `--attn-impl` reaches the loaded engine.
 """
 
 from __future__ import annotations
@@ -20,11 +22,20 @@ import json
 import urllib.error
 import urllib.request
 
+from pathlib import Path
+
 import pytest
 import torch
 from PIL import Image
 
 from moss_vl import cli
+
+PAYLOADS = Path(__file__).resolve().parents[1] / "loadtest/payloads"
+
+
+def video_url(name="video-small-320x240-4s.mp4") -> str:
+    data = (PAYLOADS / name).read_bytes()
+    return "data:video/mp4;base64," + base64.b64encode(data).decode()
 
 
 def png_url(width=128, height=96, seed=0) -> str:
@@ -104,6 +115,74 @@ def test_bad_image_is_a_400_in_sglangs_error_shape(model_server):
     error = json.loads(text)
     assert error["object"] == "error" and error["code"] == 400
     assert "not a decodable image" in error["message"]
+
+
+def test_video_answer_counts_its_frames_and_a_bad_video_is_a_400(model_server, tiny_engine):
+    """A real H.264 file (4 s) as a data URI: the answer's prompt grows by the frames
+    the processor samples, each with its timestamp text; a corrupt container is a
+    400 naming the video, and the server stays up."""
+    def body(url):
+        return {"model": "moss-vl", "max_tokens": 3, "messages": [{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": url}},
+            {"type": "text", "text": "What happens?"}]}]}
+
+    text_only = {"model": "moss-vl", "max_tokens": 3, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What happens?"}]}]}
+    status, plain = post(f"{model_server.url}/v1/chat/completions", text_only)
+    assert status == 200, plain
+    status, answer = post(f"{model_server.url}/v1/chat/completions", body(video_url()))
+    assert status == 200, answer
+    grown = json.loads(answer)["usage"]["prompt_tokens"] - json.loads(plain)["usage"]["prompt_tokens"]
+    # the processor's layout for this file, frame by frame, is what the prompt grew by
+    prepared = tiny_engine.prepare(body(video_url())["messages"])
+    frames = prepared["grid_thw"].shape[0]
+    assert frames == 4, frames  # one a second over 4 s, at the processor's 1 fps
+    # the prompt grew by what the processor laid out: a timestamp text and a placeholder
+    # per frame, the vision markers around them (the text turn is the same)
+    assert grown == prepared["input_ids"].shape[1] - len(tiny_engine.prepare(
+        text_only["messages"])["input_ids"][0])
+    assert grown > 2 * frames
+    corrupt = "data:video/mp4;base64," + base64.b64encode(b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 64).decode()
+    status, text = post(f"{model_server.url}/v1/chat/completions", body(corrupt))
+    assert status == 400, text
+    assert "video" in json.loads(text)["message"]
+    status, _ = get(f"{model_server.url}/health")
+    assert status == 200
+
+
+def test_serve_device_cpu_and_attn_impl(capsys, tiny_checkpoint, monkeypatch):
+    """`--device cpu` means the transformers engine (refused for SGLang, which has no CPU
+    kernels); `--attn-impl` is that engine's and is refused for SGLang; the engine takes
+    the implementation asked for."""
+    from moss_vl import server
+
+    code = cli.main(["serve", "--model-path", str(tiny_checkpoint), "--device", "cpu", "--dry-run"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and "--device cpu" in out and "transformers engine on cpu" in out
+    code = cli.main(["serve", "--model-path", str(tiny_checkpoint), "--device", "cpu",
+                     "--engine", "sglang", "--dry-run"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "--device cpu" in err and "--engine transformers" in err
+    code = cli.main(["serve", "--model-path", str(tiny_checkpoint), "--device", "cuda",
+                     "--attn-impl", "eager", "--dry-run"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "--attn-impl" in err and "transformers engine" in err
+
+    seen = {}
+
+    def fake_load(model_path, device, dtype, name, warn, attn_impl="auto"):
+        seen.update(device=device, attn_impl=attn_impl)
+        raise server.InferError("stop here")
+
+    real_load = server.load_engine_for_serve
+    monkeypatch.setattr(server, "load_engine_for_serve", fake_load)
+    code = cli.main(["serve", "--model-path", str(tiny_checkpoint), "--device", "cpu",
+                     "--attn-impl", "eager"])
+    assert code == 2 and seen == {"device": "cpu", "attn_impl": "eager"}
+    assert "stop here" in capsys.readouterr().err
+    engine = real_load(str(tiny_checkpoint), "cpu", None, "moss-vl",
+                                          lambda m: None, attn_impl="eager")
+    assert engine.attn_implementation == "eager"
 
 
 def test_models_health_and_metrics(model_server):

@@ -64,7 +64,10 @@ def _build_parser() -> argparse.ArgumentParser:
         ),
         usage="moss-vl serve [options] [-- SGLANG_ARGS ...]",
     )
-    serve.add_argument("--device", choices=("auto", "cuda", "npu"), help="MOSS_VL_DEVICE")
+    serve.add_argument(
+        "--device", choices=("auto", "cuda", "npu", "cpu"),
+        help="MOSS_VL_DEVICE (auto, cuda, npu); cpu: the transformers engine only",
+    )
     serve.add_argument("--model-path", help="local checkpoint or hub id; MOSS_VL_MODEL_PATH")
     serve.add_argument("--served-model-name", help="MOSS_VL_SERVED_MODEL_NAME")
     serve.add_argument("--host", help="MOSS_VL_HOST (default 0.0.0.0)")
@@ -88,6 +91,11 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--engine", choices=("auto", "sglang", "transformers"), default="auto",
         help="auto: SGLang on an accelerator, plain transformers (moss_vl.server) without one",
+    )
+    serve.add_argument(
+        "--attn-impl", choices=("auto", "eager", "sdpa", "flash_attention_2"),
+        help="the transformers engine's attention, resolved per device as `moss-vl infer` "
+             "does (default auto); SGLang's backends come from the device preset",
     )
 
     infer = sub.add_parser(
@@ -324,10 +332,22 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
     _check_variables(args)
     requested = _flag_or_env(args, "device")
-    if args.engine == "transformers" or (args.engine == "auto" and _no_accelerator(requested)):
+    if requested == "cpu" and args.engine == "sglang":
+        raise Refused(
+            "--device cpu: SGLang's kernels need CUDA or an NPU; serve on the CPU with "
+            "--engine transformers (or auto)"
+        )
+    if args.engine == "transformers" or (
+        args.engine == "auto" and (requested == "cpu" or _no_accelerator(requested))
+    ):
         from moss_vl import server
 
         return server.serve_from_cli(args, extra, _flag_or_env)
+    if args.attn_impl is not None:
+        raise Refused(
+            "--attn-impl: only the transformers engine takes it; the SGLang engine's "
+            "attention backends come from the device preset (give SGLang flags after --)"
+        )
     device = _resolve_device(requested)
     config = ServeConfig(
         device=device,

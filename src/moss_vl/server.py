@@ -239,8 +239,12 @@ def serve_from_cli(args, extra, flag_or_env) -> int:
     host, port = flag_or_env(args, "host"), flag_or_env(args, "port")
     name = flag_or_env(args, "served_model_name") or model_path
     requested = flag_or_env(args, "device")
-    why = ("no accelerator found, so SGLang (CUDA or NPU only) cannot run"
-           if args.engine == "auto" else "--engine transformers")
+    if args.engine != "auto":
+        why = "--engine transformers"
+    elif requested == "cpu":
+        why = "--device cpu, where SGLang (CUDA or NPU only) cannot run"
+    else:
+        why = "no accelerator found, so SGLang (CUDA or NPU only) cannot run"
     device = detect_device() if requested == "auto" else requested
     print(f"moss-vl serve: {why}: serving {model_path} with the transformers engine on "
           f"{device} at http://{host}:{port}", flush=True)
@@ -253,7 +257,8 @@ def serve_from_cli(args, extra, flag_or_env) -> int:
     try:
         # --dtype only when given: MOSS_VL_DTYPE's bfloat16 default is SGLang's, and on
         # the CPU float32 is both faster and exact.
-        engine = load_engine_for_serve(model_path, device, args.dtype, name, warn)
+        engine = load_engine_for_serve(model_path, device, args.dtype, name, warn,
+                                       attn_impl=args.attn_impl or "auto")
     except InferError as err:
         raise Refused(str(err)) from None
     import uvicorn
@@ -263,8 +268,8 @@ def serve_from_cli(args, extra, flag_or_env) -> int:
     return EXIT_OK
 
 
-def load_engine_for_serve(model_path, device, dtype, name, warn) -> Engine:
+def load_engine_for_serve(model_path, device, dtype, name, warn, attn_impl="auto") -> Engine:
     from moss_vl.infer import load_engine
 
-    return load_engine(model_path, device=device, attn_impl="auto", dtype=dtype or "auto",
+    return load_engine(model_path, device=device, attn_impl=attn_impl, dtype=dtype or "auto",
                        served_model_name=name, warn=warn)
