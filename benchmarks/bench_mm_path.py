@@ -23,6 +23,12 @@ and vision positions; items = multimodal items and their transport form), median
 after another, the wall time is N x one request. Last, one single-image request sent
 while N videos are in flight: how long it waits behind them.
 
+After each workload, the hand-off: the tokenizer's hash of the features, the pickle
+the scheduler receives and its unpickling. At `--dtype bfloat16` (the presets'; the
+default here) the plugin's moss_vl_processor.features_in_serving_dtype hands the
+features on in bfloat16, and the same request with upstream's float32 features is
+measured beside it.
+
     .venv/bin/python benchmarks/bench_mm_path.py [--repeat 5] [--concurrency 4]
 
 Run as its own process: SGLang's runtime context is process-wide.
@@ -120,22 +126,46 @@ async def measure(app, manager, clock, messages_for, args) -> None:
         handed.append(tokenized)
         raise ValueError(HANDED_OFF)
 
-    def transport_cost() -> str:
-        # What the hand-off then costs: TokenizerManager sends the request to the
-        # scheduler with zmq's send_pyobj (pickle), the scheduler unpickles it.
-        tokenized = handed[-1]
+    def handoff(tokenized) -> str:
+        # TokenizerManager hashes the features (the encoder cache's key), then sends
+        # the request to the scheduler with zmq's send_pyobj (pickle); the scheduler
+        # unpickles it on its own loop.
+        from sglang.srt.managers.mm_utils import hash_feature
+
+        items = [item for item in tokenized.mm_inputs.mm_items
+                 if isinstance(getattr(item, "feature", None), torch.Tensor)]
+        start = time.perf_counter()
+        for item in items:
+            hash_feature(item.feature)
+        hashed = time.perf_counter() - start
         start = time.perf_counter()
         blob = pickle.dumps(tokenized)
         dumped = time.perf_counter() - start
         start = time.perf_counter()
         pickle.loads(blob)
         loaded = time.perf_counter() - start
-        features = [item.feature for item in tokenized.mm_inputs.mm_items
-                    if isinstance(getattr(item, "feature", None), torch.Tensor)]
-        shapes = ", ".join(f"{tuple(f.shape)} {str(f.dtype).replace('torch.', '')}"
-                           for f in features)
-        return (f"pickled {len(blob) / 2**20:.0f} MiB (features {shapes}): dumps "
-                f"{dumped * 1000:.0f}ms, loads {loaded * 1000:.0f}ms")
+        shapes = ", ".join(f"{tuple(i.feature.shape)} {str(i.feature.dtype).replace('torch.', '')}"
+                           for i in items)
+        return (f"pickled {len(blob) / 2**20:.0f} MiB (features {shapes}): hash "
+                f"{hashed * 1000:.0f}ms, dumps {dumped * 1000:.0f}ms, loads {loaded * 1000:.0f}ms")
+
+    def transport_cost() -> str:
+        tokenized = handed[-1]
+        items = [item for item in tokenized.mm_inputs.mm_items
+                 if isinstance(getattr(item, "feature", None), torch.Tensor)]
+        line = handoff(tokenized)
+        if any(item.feature.dtype != torch.float32 for item in items):
+            # Side by side: the same request as upstream hands it on, features in the
+            # processor's float32 (moss_vl_processor.features_in_serving_dtype off).
+            handed_on = [item.feature for item in items]
+            for item in items:
+                item.feature = item.feature.float()
+            try:
+                line += f"\n{'':14s} upstream (float32): {handoff(tokenized)}"
+            finally:
+                for item, feature in zip(items, handed_on, strict=True):
+                    item.feature = feature
+        return line
 
     manager._send_one_request = send_to_scheduler
     transport = httpx.ASGITransport(app=app)
@@ -201,6 +231,9 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", default="1,4",
                         help="SGLang --mm-processor-worker-num values, one run each, side by "
                              "side (1: upstream's path, the processor on the event loop)")
+    parser.add_argument("--dtype", default="bfloat16",
+                        help="SGLang --dtype (the presets pass bfloat16; auto keeps upstream's "
+                             "float32 features)")
     parser.add_argument("--mm-processor-worker-num", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.mm_processor_worker_num is None:
@@ -209,7 +242,8 @@ def main(argv=None) -> int:
             print(f"\n--mm-processor-worker-num {workers}", flush=True)
             subprocess.run([sys.executable, __file__, "--repeat", str(args.repeat),
                             "--concurrency", str(args.concurrency), "--workloads",
-                            args.workloads, "--mm-processor-worker-num", workers], check=True)
+                            args.workloads, "--dtype", args.dtype,
+                            "--mm-processor-worker-num", workers], check=True)
         return 0
 
     # SGLang picks its rotary kernel at construction; off CUDA it imports this module.
@@ -241,7 +275,7 @@ def main(argv=None) -> int:
         checkpoint = str(Path(tmp) / "moss-vl-full-config")
         assert write_checkpoint([checkpoint, "--size", "full", "--config-only"]) == 0
         server_args = ServerArgs(model_path=checkpoint, trust_remote_code=True, device="cpu",
-                                 prefill_attention_backend="flashinfer",
+                                 prefill_attention_backend="flashinfer", dtype=args.dtype,
                                  mm_processor_worker_num=args.mm_processor_worker_num)
         runtime_context.publish(server_args, role="tokenizer",
                                 ranks=runtime_context.SpawnRanks(world_rank=0))

@@ -193,3 +193,59 @@ def test_only_an_explicit_worker_count_leaves_the_loop():
     ipc = _moss_processor(workers=4, mm_processor_executor=upstreams)
     ipc.use_cuda_ipc = True  # its memory pool belongs to the tokenizer's thread
     assert processor_executor(ipc) is None
+
+
+_BUILD_ITEMS = "sglang.srt.multimodal.processors.moss_vl.MossVLImageProcessor._build_mm_items"
+
+
+def _processor_with_dtype(dtype):
+    import types
+
+    return types.SimpleNamespace(server_args=types.SimpleNamespace(dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype, expected", [
+    ("bfloat16", "bfloat16"), ("float16", "float16"), ("half", "float16"),
+])
+def test_features_leave_in_the_serving_dtype(dtype, expected):
+    """Upstream's own `_build_mm_items`, then the cast: the values upstream's float32
+    feature would take in the vision tower's first step, in place of it."""
+    import torch
+
+    from moss_vl.hooks import upstream
+    from moss_vl.hooks.patch_moss_vl_processor import features_in_serving_dtype
+
+    pixels = torch.randn(48, 768, generator=torch.Generator().manual_seed(0))
+    grid = torch.tensor([[1, 8, 6]])
+    output = {"pixel_values": pixels, "grid_thw": grid}
+    items = features_in_serving_dtype(upstream.original(_BUILD_ITEMS), _processor_with_dtype(dtype),
+                                      output, torch.arange(20))
+    assert len(items) == 1
+    assert items[0].feature.dtype == getattr(torch, expected)
+    assert torch.equal(items[0].feature, pixels.to(getattr(torch, expected)))
+    assert torch.equal(torch.as_tensor(items[0].grid_thw), grid)
+    assert pixels.dtype == torch.float32  # the processor's own output is not changed
+
+
+@pytest.mark.parametrize("dtype", ["auto", "float32", None])
+def test_features_stay_float32_when_the_model_dtype_is_not_half(dtype):
+    import torch
+
+    from moss_vl.hooks import upstream
+    from moss_vl.hooks.patch_moss_vl_processor import features_in_serving_dtype
+
+    pixels = torch.randn(48, 768)
+    items = features_in_serving_dtype(upstream.original(_BUILD_ITEMS), _processor_with_dtype(dtype),
+                                      {"pixel_values": pixels, "grid_thw": torch.tensor([[1, 8, 6]])},
+                                      torch.arange(20))
+    assert items[0].feature is pixels
+
+
+def test_no_pixels_no_items():
+    import torch
+
+    from moss_vl.hooks import upstream
+    from moss_vl.hooks.patch_moss_vl_processor import features_in_serving_dtype
+
+    assert features_in_serving_dtype(upstream.original(_BUILD_ITEMS), _processor_with_dtype("bfloat16"),
+                                     {"input_ids": [1, 2]}, torch.arange(2)) == []

@@ -11,14 +11,21 @@ multimodal processor's `process_mm_data_async`, `MultimodalInputs.from_processor
 `MossVLForConditionalGeneration(config)`, `pad_input_ids` and `load_weights` fed by
 `safetensors_weights_iterator`. The one stand-in: the module `vllm._custom_ops`,
 which SGLang's rotary embedding imports (never calls) when the host has no CUDA.
+
+Last, with the moss_vl plugin's hooks applied (`load_plugins`, as every SGLang
+process does) and the presets' `--dtype bfloat16`: the same request's features as
+the processor hands them on, and the loaded vision tower run in bfloat16 on them
+and on upstream's float32 ones.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import io
 import json
+import pickle
 import socket
 import sys
 import types
@@ -66,8 +73,10 @@ def main(checkpoint: str) -> dict:
     report: dict = {}
     # On CUDA, SGLang itself sets flashinfer prefill for MOSS-VL; off CUDA its
     # override asserts the flag instead, so it is given as the serve preset gives it.
+    # sdpa: the vision tower's attention that runs on the CPU (run at the end)
     server_args = ServerArgs(model_path=checkpoint, trust_remote_code=True, device="cpu",
-                             prefill_attention_backend="flashinfer")
+                             prefill_attention_backend="flashinfer",
+                             mm_attention_backend="sdpa")
     runtime_context.publish(server_args, role="scheduler",
                             ranks=runtime_context.SpawnRanks(world_rank=0))
     parallel_state.init_distributed_environment(
@@ -165,6 +174,38 @@ def main(checkpoint: str) -> dict:
     params = dict(model.named_parameters())
     report["qkv_fused_matches"] = bool(torch.equal(
         params["language_model.model.layers.0.self_attn.qkv_proj.weight"].float(), fused))
+
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    bf16_args = copy.copy(server_args)
+    bf16_args.dtype = "bfloat16"
+    hooked = get_mm_processor(model_config.hf_config, bf16_args, hf_processor,
+                              determine_tensor_transport_mode(), model_config=model_config)
+    try:
+        hooked_output = asyncio.run(hooked.process_mm_data_async(
+            image_data=list(conv.image_data), input_text=prompt,
+            request_obj=GenerateReqInput(text=prompt, image_data=list(conv.image_data)),
+        ))
+    finally:
+        hooked.shutdown()
+    handed = hooked_output.mm_items[0]
+    model.to(torch.bfloat16)
+    grid_thw = torch.as_tensor(item.grid_thw)
+    with torch.no_grad():
+        from_float32 = model.visual(item.feature, grid_thw=grid_thw)
+        from_handed = model.visual(handed.feature, grid_thw=grid_thw)
+    report["serving_dtype_features"] = {
+        "upstream_dtype": str(item.feature.dtype),
+        "dtype": str(handed.feature.dtype),
+        "equals_upstream_cast": bool(torch.equal(handed.feature, item.feature.to(torch.bfloat16))),
+        "input_ids_equal": list(hooked_output.input_ids) == list(output.input_ids),
+        "pickled_bytes": len(pickle.dumps(handed)),
+        "upstream_pickled_bytes": len(pickle.dumps(item)),
+        "vision_dtype": str(from_handed.dtype),
+        "vision_outputs_equal": bool(torch.equal(from_float32, from_handed)),
+        "vision_output_finite": bool(torch.isfinite(from_handed).all()),
+    }
     return report
 
 

@@ -9,7 +9,10 @@ marker per frame, pixel features, vision position ids exactly as long as the enc
 sequence the model pads in (`pad_input_ids`: t*h*w/merge^2 + 1 separator per frame),
 and frame-causal `visible_frame_counts`; a text-only request carries no vision.
 `MossVLForConditionalGeneration` builds from the config and its real `load_weights`
-fills every declared parameter from the safetensors with the right shapes.
+fills every declared parameter from the safetensors with the right shapes. With the
+plugin's hooks and `--dtype bfloat16`, the processor hands the features on in bfloat16
+(upstream: float32), equal to upstream's cast, at half the pickled bytes, and SGLang's
+vision tower computes bit for bit the same output from them.
 
 SGLang runs in a child process (tests/testing/sglang_probe.py), because it publishes
 process-wide runtime state; everything up to the attention kernels runs there.
@@ -131,3 +134,15 @@ def test_load_weights_fills_every_parameter(probe):
         key = next(k for k in fused if k in hf)
         sources = [shapes[hf.replace(key, piece)] for piece in pieces]
         assert [sum(s[0] for s in sources), *sources[0][1:]] == shape, name
+
+
+def test_features_leave_the_processor_in_the_serving_dtype(probe):
+    """moss_vl_processor.features_in_serving_dtype, through SGLang's real processor
+    and vision tower: the same values reach the tower, at half the bytes."""
+    got = probe["serving_dtype_features"]
+    assert got["upstream_dtype"] == "torch.float32"
+    assert got["dtype"] == "torch.bfloat16"
+    assert got["equals_upstream_cast"] and got["input_ids_equal"]
+    assert got["pickled_bytes"] < 0.55 * got["upstream_pickled_bytes"], got
+    assert got["vision_dtype"] == "torch.bfloat16" and got["vision_output_finite"]
+    assert got["vision_outputs_equal"]

@@ -150,6 +150,16 @@ patch_moss_vl_processor:
         host: on 2 CPU cores it did not help concurrent requests).
     Removal: when upstream's MOSS-VL processor runs on its executor.
     Upstream: no issue or PR found.
+``...MossVLImageProcessor._build_mm_items`` (around)
+    Why: the processor's pixel values are float32 and upstream hands them on so:
+        hashed in the tokenizer, pickled to the scheduler and unpickled on the
+        scheduler's loop (147 MiB for 64 frames of 448x448), although the vision
+        tower casts them to the model's dtype as its first step.
+    How: with ``--dtype bfloat16`` or ``float16`` (the presets pass bfloat16), the
+        items' float32 features are cast to that dtype here: the same values reach
+        the vision tower, at half the bytes. ``--dtype auto`` keeps float32.
+    Removal: when upstream hands features over in the model's dtype.
+    Upstream: no issue or PR found.
 ``...MossVLImageProcessor._normalize_video_inputs_async`` (replace; 0.5.17 only)
     Why: 0.5.17 gathers the videos of a request without ``return_exceptions``: when
         one fails, the temporary files already written for the others stay on disk.

@@ -174,6 +174,35 @@ def use_worker_processor(original, self, *args, **kwargs):
     return original(self, *args, **kwargs)
 
 
+# The dtypes a served MOSS-VL computes its vision tower in, by SGLang's --dtype value.
+_HALF_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
+
+
+def features_in_serving_dtype(original, self, processor_output, input_ids):
+    """Around ``MossVLImageProcessor._build_mm_items``: pixel values in the model's dtype.
+
+    The checkpoint's processor returns float32 pixel values, and upstream hands them
+    on as they are: hashed in the tokenizer, pickled to the scheduler (147 MiB for 64
+    frames of 448x448) and unpickled there, on the scheduler's own loop. The vision
+    tower's first step casts them to its weights' dtype (``x.to(dtype=self.dtype)``),
+    which is the server's ``--dtype``; casting here instead gives it the same values
+    (round to nearest even either way) at half the bytes. ``--dtype auto`` (or
+    float32) keeps upstream's float32: the model's dtype is not known here then.
+    """
+    import torch
+
+    items = original(self, processor_output, input_ids)
+    name = _HALF_DTYPES.get(str(getattr(getattr(self, "server_args", None), "dtype", "")))
+    if name is None:
+        return items
+    dtype = getattr(torch, name)
+    for item in items:
+        feature = getattr(item, "feature", None)
+        if isinstance(feature, torch.Tensor) and feature.dtype == torch.float32:
+            item.feature = feature.to(dtype)
+    return items
+
+
 def remove_files(paths) -> None:
     import os
 
@@ -206,6 +235,13 @@ TARGETS = [
         func=use_worker_processor,
         signature=("self", "input_text", "images", "videos", "audios", "processor",
                    "processor_video_config", "kwargs"),
+    ),
+    Hook(
+        name="moss_vl_processor.features_in_serving_dtype",
+        target=f"{_MODULE}.MossVLImageProcessor._build_mm_items",
+        kind="around",
+        func=features_in_serving_dtype,
+        signature=("self", "processor_output", "input_ids"),
     ),
     Hook(
         name="moss_vl_processor.client_video_errors",
