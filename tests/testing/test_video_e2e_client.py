@@ -6,7 +6,10 @@ two videos in one message, a video then an image in the next turn, the >= 8 MiB 
 that the tiny checkpoint's processor decodes; every "bad video" one is refused by that
 processor (or carries no video at all: bad base64, a dead URL) with a ValueError, which
 SGLang answers with 400; the over-limit cases appear only when the server's limits are
-given. The server-side run is the lead's (tests/gpu/e2e/README.md).
+given. Run whole against the transformers engine's server (a real model server that
+decodes the videos, with the H200 run's limits in its checkpoint), every check passes:
+the 404 URL is refused, and the server's temporary video files, counted in its temp
+dir, all go again. The server-side run is the lead's (tests/gpu/e2e/README.md).
 """
 
 from __future__ import annotations
@@ -93,3 +96,76 @@ def test_limit_checks_only_with_limits(e2e):
     payloads = e2e.chat.load_payloads(REPO / "loadtest" / "payloads")
     names = [name for name, *_ in e2e.video_bodies("m", payloads, 8, {})]
     assert not any("max_duration_seconds" in n or "max_video_bytes" in n for n in names)
+
+
+@pytest.fixture(scope="module")
+def video_limited_server(tmp_path_factory):
+    """The transformers engine's server on a tiny checkpoint with the H200 run's video
+    limits in its preprocessor config (as the published checkpoints carry them)."""
+    import json
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from model_server import ModelServer
+
+    from moss_vl.infer import load_engine
+    from moss_vl.testing import write_tiny_checkpoint
+
+    path = write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-video-limits"))
+    config_path = path / "preprocessor_config.json"
+    config = json.loads(config_path.read_text())
+    config.update(video_fps=1.0, max_frames=32, max_duration_seconds=30.0,
+                  max_video_bytes=8 * 1024 * 1024)
+    config_path.write_text(json.dumps(config))
+    server = ModelServer(load_engine(str(path), device="cpu", served_model_name="moss-vl")).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+def test_video_client_against_a_real_model_server(e2e, video_limited_server, tmp_path,
+                                                   monkeypatch, capsys):
+    """`e2e_checks.py video` as the H200 run calls it, against a server that decodes
+    the videos: every check passes, the 404 URL among the refusals, and the temp-dir
+    count sees the server's temporary video files come and go."""
+    import tempfile
+
+    server_tmp = tmp_path / "server-tmp"
+    server_tmp.mkdir()
+    (server_tmp / "unrelated").write_text("kept")  # present before: not counted as left
+    monkeypatch.setattr(tempfile, "tempdir", str(server_tmp))  # the server's TMPDIR
+    from moss_vl import infer
+
+    written = []
+    fetch = infer.fetch_video
+
+    def recording_fetch(url, where="video"):
+        path = fetch(url, where)
+        written.append(path)
+        return path
+
+    monkeypatch.setattr(infer, "fetch_video", recording_fetch)
+    results = tmp_path / "results.json"
+    code = e2e.main(["--results", str(results), "video", "--url", video_limited_server.url,
+                     "--max-tokens", "2", "--max-duration-seconds", "30",
+                     "--max-video-bytes", str(8 * 1024 * 1024),
+                     "--server-temp-dir", str(server_tmp)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    import json
+
+    checks = {c["name"]: c for c in json.loads(results.read_text())["checks"]}
+    assert checks["bad video: URL that answers 404 gets a 4xx"]["ok"]
+    left = "no temporary file left in the server's temp dir after the good and bad videos"
+    assert checks[left]["ok"] and "1 entries before" in checks[left]["detail"]
+    # the files did come: one per served video, in that directory, and went again
+    assert len(written) >= 10 and all(Path(p).parent == server_tmp for p in written)
+    assert not any(Path(p).exists() for p in written)
+    assert all(c["ok"] for c in checks.values()), [n for n, c in checks.items() if not c["ok"]]
+
+
+def test_temp_dir_check_fails_when_a_file_is_left(e2e, tmp_path):
+    """The count is not vacuous: a file that appears during the run is reported."""
+    before = e2e.temp_entries(str(tmp_path))
+    (tmp_path / "tmpabc123.mp4").write_bytes(b"x")
+    assert sorted(e2e.temp_entries(str(tmp_path)) - before) == ["tmpabc123.mp4"]
+    assert e2e.temp_entries("") is None

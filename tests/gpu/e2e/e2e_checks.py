@@ -455,13 +455,15 @@ def video_data_uri(data: bytes, media_type: str) -> str:
     return f"data:{media_type};base64,{base64.b64encode(data).decode('ascii')}"
 
 
-def video_bodies(model: str, payloads: dict, max_tokens: int, limits: dict) -> list[tuple]:
+def video_bodies(model: str, payloads: dict, max_tokens: int, limits: dict,
+                 not_found_url: str | None = None) -> list[tuple]:
     """(name, body, expect, required) of every video check, in the order they are sent.
 
     Good requests use the load test's video payloads (H.264/MP4 and VP9/WebM); bad ones
     the small files in tests/gpu/e2e/videos/ and a corrupt MP4 made here. The over-limit
     cases need the server started with the matching `--mm-process-config` video limits
     (`limits`: max_duration_seconds, max_video_bytes); without them they are skipped.
+    `not_found_url`: a loopback URL that answers 404 (cmd_video serves one).
     """
     videos = {n: p for n, p in payloads.items() if p.media_type.startswith("video/")}
     small = next(p for n, p in sorted(videos.items()) if n.startswith("video-small"))
@@ -507,12 +509,42 @@ def video_bodies(model: str, payloads: dict, max_tokens: int, limits: dict) -> l
                    video_data_uri((VIDEOS / "lossless-ffv1.mkv").read_bytes(), "video/x-matroska")))
     out.append(bad("malformed base64", "data:video/mp4;base64,@@not-base64@@"))
     out.append(bad("URL that does not answer", "http://127.0.0.1:9/gone.mp4"))
+    if not_found_url:
+        out.append(bad("URL that answers 404", not_found_url))
     if limits.get("max_duration_seconds"):
         out.append(bad(f"over max_duration_seconds={limits['max_duration_seconds']}",
                        video_data_uri((VIDEOS / "long-40s.mp4").read_bytes(), "video/mp4")))
     if limits.get("max_video_bytes") and large.size_bytes > limits["max_video_bytes"]:
         out.append(bad(f"over max_video_bytes={limits['max_video_bytes']}", large.data_uri))
     return out
+
+
+class NotFoundServer:
+    """A loopback HTTP server that answers every GET with 404, in a thread."""
+
+    def __enter__(self):
+        import http.server
+        import threading
+
+        class Gone(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                self.send_error(404)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gone)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/missing.mp4"
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def temp_entries(path: str | None) -> set[str] | None:
+    return None if not path else set(os.listdir(path))
 
 
 def cmd_video(args, results: Results) -> int:
@@ -525,8 +557,18 @@ def cmd_video(args, results: Results) -> int:
     limits = {"max_duration_seconds": args.max_duration_seconds,
               "max_video_bytes": args.max_video_bytes}
     payloads = chat.load_payloads(args.payloads)
-    for name, body, expect, required in video_bodies(model, payloads, args.max_tokens, limits):
-        one_request(server, results, name, body, args.request_timeout, expect, required)
+    before = temp_entries(args.server_temp_dir)
+    with NotFoundServer() as not_found:
+        for name, body, expect, required in video_bodies(model, payloads, args.max_tokens,
+                                                         limits, not_found):
+            one_request(server, results, name, body, args.request_timeout, expect, required)
+    if before is not None:
+        # SGLang's processor writes each video to a temporary file there and removes
+        # it when the request is done, served or refused.
+        left = sorted(temp_entries(args.server_temp_dir) - before)
+        results.check("video", "no temporary file left in the server's temp dir after "
+                      "the good and bad videos", not left,
+                      f"{len(before)} entries before, left: {left[:5]}")
     try:
         status, _ = server.get("/health", timeout=120)
     except (OSError, http.client.HTTPException) as err:
@@ -888,6 +930,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.choices["video"].add_argument(
         "--max-video-bytes", type=int, default=0,
         help="the server's video max_video_bytes (0: skip that check)")
+    sub.choices["video"].add_argument(
+        "--server-temp-dir", default="",
+        help="the server's TMPDIR: its entries are counted before and after the videos")
 
     p = add("metrics")
     p.add_argument("--url", default=DEFAULT_URL)

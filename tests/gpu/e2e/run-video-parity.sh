@@ -34,11 +34,15 @@ part_video() {
 
     step "server with the chart's video limits (default plan)"
     SGLANG_ARGS+=(--mm-process-config "$VIDEO_LIMITS")
-    start_server video || return 1
+    # Its own TMPDIR: the video client counts the temporary video files left there.
+    local server_tmp=$WORK/server-tmp
+    mkdir -p "$server_tmp"
+    start_server video TMPDIR="$server_tmp" || return 1
     wait_healthy video "$(at_least_10 "$(min 240 $(( $(remaining) - 300 )))")" || return 1
     step "video requests"
     timeout "$(at_least_10 "$(min "${VIDEO_S:-170}" $(( $(remaining) - 280 )))")" \
-        "${CHECKS[@]}" video --url "$URL" --max-duration-seconds 30 --max-video-bytes 8388608
+        "${CHECKS[@]}" video --url "$URL" --max-duration-seconds 30 --max-video-bytes 8388608 \
+        --server-temp-dir "$server_tmp"
     "${CHECKS[@]}" metrics --section metrics-video --url "$URL" --expect triton \
         --save "$WORK/metrics.txt"
     stop_server
