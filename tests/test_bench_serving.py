@@ -75,3 +75,32 @@ def test_compare_counts_equal_texts_per_variant(bench, tmp_path, capsys):
     assert lines == [{"workload": "text", "concurrency": 8, "variant": "triton",
                       "baseline": "plugin_off", "compared": 3, "equal": 2,
                       "differ": ["text:2"]}]
+
+
+def test_video_720p_costs_what_docs_video_md_says(bench, tmp_path):
+    """The 720p workload is 64 timestamped 1280x720 frames; through the full-size
+    checkpoint's processor each is 44x80 patches (720 rounds to 704), so the request
+    carries 64 x 881 = 56,384 encoder tokens, the figure docs/video.md quotes."""
+    import base64
+    import io
+
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    from moss_vl.testing.__main__ import main as write_checkpoint
+
+    (message,) = bench.messages_for("video-720p", 3)
+    images = [p["image_url"]["url"] for p in message["content"] if p["type"] == "image_url"]
+    stamps = [p["text"] for p in message["content"] if p["type"] == "text"][:-1]
+    assert len(images) == len(stamps) == 64
+    assert stamps[1] == "<|time_start|>0.5 seconds<|time_end|>"
+    frames = [Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) for url in images[:2]]
+    assert [f.size for f in frames] == [(1280, 720)] * 2
+    path = tmp_path / "full-config"
+    assert write_checkpoint([str(path), "--size", "full", "--config-only"]) == 0
+    processor = AutoProcessor.from_pretrained(path, trust_remote_code=True)
+    out = processor.image_processor(images=frames[:1], return_tensors="pt")
+    grid = out.get("grid_thw", out.get("image_grid_thw"))
+    assert grid.tolist() == [[1, 44, 80]], list(out)
+    assert 64 * (44 * 80 // 4 + 1) == 56384
+    assert "video-720p" not in bench.WORKLOADS and "video-720p" in bench.EXTRA_WORKLOADS

@@ -27,9 +27,11 @@ FULL_LM_HEAD_SCALE=${FULL_LM_HEAD_SCALE:-50}
 read -r -a FULL_EXTRA <<<"${FULL_EXTRA_ARGS:-}"
 # The published model's serving flags (REFERENCE.md), CUDA graphs kept; the
 # three backend flags are the H200 batch's limits (lib.sh says why).
+# FULL_CONTEXT_LENGTH (32768): 65536 for FULL_WORKLOADS=video-720p (56,384 encoder tokens).
+FULL_CONTEXT_LENGTH=${FULL_CONTEXT_LENGTH:-32768}
 SERVE_ARGS=(
     --device cuda --model-path "$FULL_MODEL" --served-model-name moss-vl --port "$PORT"
-    --mem-fraction-static 0.6 --context-length 32768
+    --mem-fraction-static 0.6 --context-length "$FULL_CONTEXT_LENGTH"
 )
 SGLANG_ARGS=(
     --attention-backend flashinfer --mm-attention-backend triton_attn
@@ -65,7 +67,7 @@ full() {
                 SERVER_CMD=(python3 -m sglang.launch_server --model-path "$FULL_MODEL"
                     --served-model-name moss-vl --port "$PORT" --trust-remote-code
                     --enable-multimodal --dtype bfloat16 --mem-fraction-static 0.6
-                    --context-length 32768 --prefill-attention-backend flashinfer
+                    --context-length "$FULL_CONTEXT_LENGTH" --prefill-attention-backend flashinfer
                     "${SGLANG_ARGS[@]}") ;;
             plugin_off) env_args=(SGLANG_PLUGINS=none) ;;
             mask) env_args=(MOSS_VL_CROSS_ATTN_PLAN=mask) ;;
