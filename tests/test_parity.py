@@ -93,7 +93,7 @@ def stand_in(tiny_engine):
     httpd.server_close()
 
 
-ONLY = ["text-short", "multi-turn-images"]
+ONLY = ["text-short", "multi-turn-images", "frames-as-images-16", "image-then-long-text"]
 
 
 def run(url, checkpoint, tmp_path, *extra):
@@ -107,7 +107,10 @@ def run(url, checkpoint, tmp_path, *extra):
 def test_builtin_prompts_cover_the_layouts():
     cases = parity.prompts()
     names = [n for n, _ in cases]
-    assert len(cases) >= 16 and len(set(names)) == len(names)
+    assert parity.pyav_available()  # PyAV is a project dependency: the videos are in
+    assert len(cases) >= 24 and len(set(names)) == len(names)
+    videos = [len(parity._videos_of(m)) for _, m in cases]
+    assert sum(v > 0 for v in videos) >= 6
     images = [len(parity._images_of(m)) for _, m in cases]
     turns = [sum(m["role"] == "user" for m in msgs) for _, msgs in cases]
     assert images.count(0) >= 3 and images.count(1) >= 4 and max(images) >= 4
@@ -135,6 +138,8 @@ def test_a_server_without_the_mask_is_caught(stand_in, tiny_checkpoint, tmp_path
     assert by_name["text-short"]["ok"]  # no image, no mask to drop
     bad = by_name["multi-turn-images"]["teacher_forced"]
     assert not bad["ok"] and bad["max_abs_diff"] > 1e-3 and bad["worst_position"] is not None
+    # 16 frames, each behind its timestamp: the staircase, dropped, is seen too
+    assert not by_name["frames-as-images-16"]["ok"]
 
 
 def test_tolerances_scale_with_the_recorded_lm_head_factor(stand_in, tiny_checkpoint, tmp_path):
