@@ -79,6 +79,7 @@ def test_dry_run_json_npu(capsys):
     assert "--disable-radix-cache" in doc["argv"]
     assert doc["env"] == {
         "SGLANG_PLUGINS": "moss_vl",
+        "SGLANG_HTTP_SERVER_APP_PATH": "moss_vl.http_app:app",
         "ASCEND_USE_FA": "false",
         "ASCEND_USE_FIA": "false",
     }

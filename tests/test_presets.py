@@ -101,7 +101,8 @@ def test_cuda_preset_parses_to_flashinfer_prefill(sglang_parser, model_dir):
     assert (args.host, args.port) == ("0.0.0.0", presets.DEFAULT_PORT)
     assert args.model_path == model_dir and args.served_model_name == "moss-vl"
     assert args.disable_radix_cache is False
-    assert command.env == {"SGLANG_PLUGINS": "moss_vl"}
+    assert command.env == {"SGLANG_PLUGINS": "moss_vl",
+                           "SGLANG_HTTP_SERVER_APP_PATH": "moss_vl.http_app:app"}
 
 
 def test_npu_preset_parses_to_ascend_without_radix_cache(sglang_parser, model_dir):
@@ -119,6 +120,7 @@ def test_npu_preset_parses_to_ascend_without_radix_cache(sglang_parser, model_di
     assert (args.trust_remote_code, args.enable_multimodal, args.enable_metrics) == (True,) * 3
     assert command.env == {
         "SGLANG_PLUGINS": "moss_vl",
+        "SGLANG_HTTP_SERVER_APP_PATH": "moss_vl.http_app:app",
         "ASCEND_USE_FA": "false",
         "ASCEND_USE_FIA": "false",
     }

@@ -71,6 +71,10 @@ COMMON_FLAGS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("--enable-metrics", ()),
 )
 
+# Where SGLang 0.5.23's HTTP workers (--tokenizer-worker-num > 1) import the app
+# from: moss_vl.http_app loads the plugin first (its docstring says why).
+HTTP_APP_ENV = {"SGLANG_HTTP_SERVER_APP_PATH": "moss_vl.http_app:app"}
+
 PRESETS: dict[str, Preset] = {
     "cuda": Preset(
         device="cuda",
@@ -79,7 +83,7 @@ PRESETS: dict[str, Preset] = {
             # is consumed by FlashInfer's prefill kernels only.
             ("--prefill-attention-backend", ("flashinfer",)),
         ),
-        env={"SGLANG_PLUGINS": PLUGIN_NAME},
+        env={"SGLANG_PLUGINS": PLUGIN_NAME, **HTTP_APP_ENV},
     ),
     "npu": Preset(
         device="npu",
@@ -97,7 +101,8 @@ PRESETS: dict[str, Preset] = {
         ),
         # The fused FA / FIA operators cannot take the cross-attention mask;
         # with both off, AscendAttnBackend takes the native SDPA path the plugin patches.
-        env={"SGLANG_PLUGINS": PLUGIN_NAME, "ASCEND_USE_FA": "false", "ASCEND_USE_FIA": "false"},
+        env={"SGLANG_PLUGINS": PLUGIN_NAME, **HTTP_APP_ENV,
+             "ASCEND_USE_FA": "false", "ASCEND_USE_FIA": "false"},
     ),
 }
 

@@ -172,6 +172,11 @@ itself so that, in every process, the chosen hooks are checked to wrap their
 targets right after SGLang applied them (apply_hooks only logs a failure).
 A hook registered through the registry could not do this: the registry
 applies it inside the very call it would have to follow.
+And ``moss_vl.http_app``: with ``--tokenizer-worker-num`` above 1, SGLang 0.5.23's
+HTTP worker processes import only the app ``SGLANG_HTTP_SERVER_APP_PATH`` names
+and never call ``load_plugins()``; the presets name ``moss_vl.http_app:app``, which
+loads the plugin and then exposes SGLang's own app (0.5.17 hard-codes the path:
+its HTTP workers stay without the tokenizer-side hooks).
 
 Versions: every hook fits every line in moss_vl.sglang_versions unless it
 says otherwise; tests/compat/upstream_sources.json records the normalised

@@ -1,0 +1,20 @@
+"""SGLang's HTTP app with the moss_vl plugin loaded first: what SGLang's HTTP workers import.
+
+With ``--tokenizer-worker-num`` above 1, SGLang 0.5.23 serves HTTP from uvicorn
+worker processes, each of which imports the app that ``SGLANG_HTTP_SERVER_APP_PATH``
+names (default ``sglang.srt.entrypoints.http_server:app``) and nothing else: no
+``load_plugins()`` runs in them, so the plugin's tokenizer-side hooks (media
+metrics, video errors as 400, features in the serving dtype, key redaction) would
+be missing there while the scheduler has its own. The presets point the variable
+here. SGLang 0.5.17 hard-codes the app path, so there the workers stay unhooked.
+"""
+
+from __future__ import annotations
+
+from sglang.srt.plugins import load_plugins
+
+load_plugins()
+
+from sglang.srt.entrypoints.http_server import app  # noqa: E402  (after the hooks)
+
+__all__ = ["app"]
