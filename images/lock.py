@@ -149,8 +149,8 @@ def pins(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
 
 
-def recorded_exclude_newer(path: Path) -> str:
-    match = _EXCLUDE_NEWER.search(path.read_text())
+def recorded_exclude_newer(path: Path, text: str | None = None) -> str:
+    match = _EXCLUDE_NEWER.search(path.read_text() if text is None else text)
     if match is None:
         raise SystemExit(f"{path}: no '# exclude-newer:' line; regenerate it with `make lock`")
     return match.group(1)
@@ -162,12 +162,15 @@ def held_pins(text: str) -> str:
 
 
 def check(locks: list[Lock], jobs: int = 4) -> int:
+    recorded = {lock.output: lock.output.read_text() for lock in locks}
+
     def resolve(lock: Lock) -> str | ResolutionError:
+        text = recorded[lock.output]
         with tempfile.TemporaryDirectory() as tmp:
             held = Path(tmp) / "pins.txt"
-            held.write_text(held_pins(lock.output.read_text()))
+            held.write_text(held_pins(text))
             try:
-                return compile_lock(lock, recorded_exclude_newer(lock.output), held)
+                return compile_lock(lock, recorded_exclude_newer(lock.output, text), held)
             except ResolutionError as err:
                 return err
 
@@ -176,7 +179,7 @@ def check(locks: list[Lock], jobs: int = 4) -> int:
         results = list(pool.map(resolve, locks))
     failed = 0
     for lock, got in zip(locks, results, strict=True):
-        want = pins(lock.output.read_text())
+        want = pins(recorded[lock.output])
         if isinstance(got, ResolutionError):
             failed += 1
             print(f"{lock.output}: no longer resolves held to its own pins: {got}", file=sys.stderr)

@@ -357,8 +357,8 @@ def test_wrapper_without_set_env_says_which_variable(tmp_path):
 
 
 def _locked_version(lock: Path, name: str) -> str | None:
-    match = re.search(rf"^{re.escape(name)}==(\S+)", lock.read_text(), re.MULTILINE)
-    return match.group(1) if match else None
+    held = load_lock_module().held_pins(lock.read_text()).splitlines()
+    return next((pin.split("==", 1)[1] for pin in held if pin.split("==", 1)[0] == name), None)
 
 
 def _apt_packages(stage) -> set[str]:

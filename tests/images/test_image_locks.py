@@ -242,10 +242,15 @@ def _pin_block(text: str, name: str) -> str:
     return match.group(0)
 
 
+@pytest.fixture
+def pinned_uv(monkeypatch):
+    """The pinned uv (make image-tools) first on PATH, as `make lock` runs it."""
+    monkeypatch.setenv("PATH", os.pathsep.join([str(ROOT / ".tools/bin"), os.environ.get("PATH", "")]))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("drift", ["extra pin", "missing pin", "changed hash", "refused pin"])
-def test_check_fails_a_lock_that_drifted_from_its_inputs(drift, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("PATH", os.pathsep.join([str(ROOT / ".tools/bin"), os.environ.get("PATH", "")]))
+def test_check_fails_a_lock_that_drifted_from_its_inputs(drift, tmp_path, capsys, pinned_uv):
     text = ROUTER_LOCK.read_text()
     if drift == "extra pin":
         # a real package at a real version that the router's inputs never ask for
@@ -267,9 +272,8 @@ def test_check_fails_a_lock_that_drifted_from_its_inputs(drift, tmp_path, capsys
 
 
 @pytest.mark.slow
-def test_check_passes_the_router_lock_from_a_copy(tmp_path, capsys, monkeypatch):
+def test_check_passes_the_router_lock_from_a_copy(tmp_path, capsys, pinned_uv):
     # the control for the drift cases: the same route with the lock unchanged passes
-    monkeypatch.setenv("PATH", os.pathsep.join([str(ROOT / ".tools/bin"), os.environ.get("PATH", "")]))
     assert lock_py.check([_drifted(ROUTER_LOCK.read_text(), tmp_path)], jobs=1) == 0
     assert capsys.readouterr().err == ""
 
