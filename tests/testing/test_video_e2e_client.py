@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -102,20 +103,15 @@ def test_limit_checks_only_with_limits(e2e):
 def video_limited_server(tmp_path_factory):
     """The transformers engine's server on a tiny checkpoint with the H200 run's video
     limits in its preprocessor config (as the published checkpoints carry them)."""
-    import json
-
-    sys.path.insert(0, str(REPO / "tests"))
     from model_server import ModelServer
 
     from moss_vl.infer import load_engine
     from moss_vl.testing import write_tiny_checkpoint
 
-    path = write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-video-limits"))
-    config_path = path / "preprocessor_config.json"
-    config = json.loads(config_path.read_text())
-    config.update(video_fps=1.0, max_frames=32, max_duration_seconds=30.0,
-                  max_video_bytes=8 * 1024 * 1024)
-    config_path.write_text(json.dumps(config))
+    path = write_tiny_checkpoint(
+        tmp_path_factory.mktemp("tiny-video-limits"),
+        image_processor={"video_fps": 1.0, "max_frames": 32, "max_duration_seconds": 30.0,
+                         "max_video_bytes": 8 * 1024 * 1024})
     server = ModelServer(load_engine(str(path), device="cpu", served_model_name="moss-vl")).start()
     yield server
     server.stop()
@@ -151,8 +147,6 @@ def test_video_client_against_a_real_model_server(e2e, video_limited_server, tmp
                      "--server-temp-dir", str(server_tmp)])
     out = capsys.readouterr().out
     assert code == 0, out
-    import json
-
     checks = {c["name"]: c for c in json.loads(results.read_text())["checks"]}
     assert checks["bad video: URL that answers 404 gets a 4xx"]["ok"]
     left = "no temporary file left in the server's temp dir after the good and bad videos"
