@@ -126,14 +126,12 @@ async def measure(app, manager, clock, messages_for, args) -> None:
         handed.append(tokenized)
         raise ValueError(HANDED_OFF)
 
-    def handoff(tokenized) -> str:
+    def handoff(tokenized, items) -> str:
         # TokenizerManager hashes the features (the encoder cache's key), then sends
         # the request to the scheduler with zmq's send_pyobj (pickle); the scheduler
         # unpickles it on its own loop.
         from sglang.srt.managers.mm_utils import hash_feature
 
-        items = [item for item in tokenized.mm_inputs.mm_items
-                 if isinstance(getattr(item, "feature", None), torch.Tensor)]
         start = time.perf_counter()
         for item in items:
             hash_feature(item.feature)
@@ -153,7 +151,7 @@ async def measure(app, manager, clock, messages_for, args) -> None:
         tokenized = handed[-1]
         items = [item for item in tokenized.mm_inputs.mm_items
                  if isinstance(getattr(item, "feature", None), torch.Tensor)]
-        line = handoff(tokenized)
+        line = handoff(tokenized, items)
         if any(item.feature.dtype != torch.float32 for item in items):
             # Side by side: the same request as upstream hands it on, features in the
             # processor's float32 (moss_vl_processor.features_in_serving_dtype off).
@@ -161,7 +159,7 @@ async def measure(app, manager, clock, messages_for, args) -> None:
             for item in items:
                 item.feature = item.feature.float()
             try:
-                line += f"\n{'':14s} upstream (float32): {handoff(tokenized)}"
+                line += f"\n{'':14s} upstream (float32): {handoff(tokenized, items)}"
             finally:
                 for item, feature in zip(items, handed_on, strict=True):
                     item.feature = feature
