@@ -213,7 +213,7 @@ def _resolve_device(requested: str) -> str:
 
 def _no_accelerator(requested: str) -> bool:
     if requested != "auto":
-        return False
+        return requested == "cpu"
     from moss_vl.device import detect_device
 
     return detect_device() == "cpu"
@@ -337,9 +337,7 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
             "--device cpu: SGLang's kernels need CUDA or an NPU; serve on the CPU with "
             "--engine transformers (or auto)"
         )
-    if args.engine == "transformers" or (
-        args.engine == "auto" and (requested == "cpu" or _no_accelerator(requested))
-    ):
+    if args.engine == "transformers" or (args.engine == "auto" and _no_accelerator(requested)):
         from moss_vl import server
 
         return server.serve_from_cli(args, extra, _flag_or_env)
