@@ -21,7 +21,6 @@ import io
 import json
 import urllib.error
 import urllib.request
-
 from pathlib import Path
 
 import pytest
@@ -133,7 +132,6 @@ def test_video_answer_counts_its_frames_and_a_bad_video_is_a_400(model_server, t
     status, answer = post(f"{model_server.url}/v1/chat/completions", body(video_url()))
     assert status == 200, answer
     grown = json.loads(answer)["usage"]["prompt_tokens"] - json.loads(plain)["usage"]["prompt_tokens"]
-    # the processor's layout for this file, frame by frame, is what the prompt grew by
     prepared = tiny_engine.prepare(body(video_url())["messages"])
     frames = prepared["grid_thw"].shape[0]
     assert frames == 4, frames  # one a second over 4 s, at the processor's 1 fps
@@ -180,8 +178,8 @@ def test_serve_device_cpu_and_attn_impl(capsys, tiny_checkpoint, monkeypatch):
                      "--attn-impl", "eager"])
     assert code == 2 and seen == {"device": "cpu", "attn_impl": "eager"}
     assert "stop here" in capsys.readouterr().err
-    engine = real_load(str(tiny_checkpoint), "cpu", None, "moss-vl",
-                                          lambda m: None, attn_impl="eager")
+    engine = real_load(str(tiny_checkpoint), "cpu", None, "moss-vl", lambda m: None,
+                       attn_impl="eager")
     assert engine.attn_implementation == "eager"
 
 
