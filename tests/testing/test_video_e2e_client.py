@@ -157,9 +157,15 @@ def test_video_client_against_a_real_model_server(e2e, video_limited_server, tmp
     assert all(c["ok"] for c in checks.values()), [n for n, c in checks.items() if not c["ok"]]
 
 
-def test_temp_dir_check_fails_when_a_file_is_left(e2e, tmp_path):
-    """The count is not vacuous: a file that appears during the run is reported."""
+def test_temp_dir_check_fails_when_a_file_is_left(e2e, tmp_path, capsys):
+    """The count is not vacuous: a file that appears during the run fails the check
+    and is named; one that was there before does not."""
+    (tmp_path / "kept").write_text("x")
     before = e2e.temp_entries(str(tmp_path))
     (tmp_path / "tmpabc123.mp4").write_bytes(b"x")
-    assert sorted(e2e.temp_entries(str(tmp_path)) - before) == ["tmpabc123.mp4"]
+    results = e2e.Results(None)
+    assert not e2e.check_temp_dir_left(results, str(tmp_path), before)
+    assert results.failed_required and "tmpabc123.mp4" in results.doc["checks"][-1]["detail"]
+    (tmp_path / "tmpabc123.mp4").unlink()
+    assert e2e.check_temp_dir_left(e2e.Results(None), str(tmp_path), before)
     assert e2e.temp_entries("") is None

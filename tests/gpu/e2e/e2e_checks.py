@@ -547,6 +547,15 @@ def temp_entries(path: str | None) -> set[str] | None:
     return None if not path else set(os.listdir(path))
 
 
+def check_temp_dir_left(results: Results, path: str, before: set[str]) -> bool:
+    """SGLang's processor writes each video to a temporary file in the server's TMPDIR
+    and removes it when the request is done, served or refused: nothing new may stay."""
+    left = sorted(temp_entries(path) - before)
+    return results.check("video", "no temporary file left in the server's temp dir after "
+                         "the good and bad videos", not left,
+                         f"{len(before)} entries before, left: {left[:5]}")
+
+
 def cmd_video(args, results: Results) -> int:
     server = Server(args.url, timeout=args.request_timeout)
     try:
@@ -563,12 +572,7 @@ def cmd_video(args, results: Results) -> int:
                                                          limits, not_found):
             one_request(server, results, name, body, args.request_timeout, expect, required)
     if before is not None:
-        # SGLang's processor writes each video to a temporary file there and removes
-        # it when the request is done, served or refused.
-        left = sorted(temp_entries(args.server_temp_dir) - before)
-        results.check("video", "no temporary file left in the server's temp dir after "
-                      "the good and bad videos", not left,
-                      f"{len(before)} entries before, left: {left[:5]}")
+        check_temp_dir_left(results, args.server_temp_dir, before)
     try:
         status, _ = server.get("/health", timeout=120)
     except (OSError, http.client.HTTPException) as err:
