@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import pytest
 import requests
+import torch
 
-from moss_vl.hooks.patch_moss_vl_processor import client_video_errors, describe_video_input
+from moss_vl.hooks import upstream
+from moss_vl.hooks.patch_moss_vl_processor import (
+    client_video_errors,
+    describe_video_input,
+    features_in_serving_dtype,
+)
 
 
 def test_success_passes_through():
@@ -210,11 +216,6 @@ def _processor_with_dtype(dtype):
 def test_features_leave_in_the_serving_dtype(dtype, expected):
     """Upstream's own `_build_mm_items`, then the cast: the values upstream's float32
     feature would take in the vision tower's first step, in place of it."""
-    import torch
-
-    from moss_vl.hooks import upstream
-    from moss_vl.hooks.patch_moss_vl_processor import features_in_serving_dtype
-
     pixels = torch.randn(48, 768, generator=torch.Generator().manual_seed(0))
     grid = torch.tensor([[1, 8, 6]])
     output = {"pixel_values": pixels, "grid_thw": grid}
@@ -229,11 +230,6 @@ def test_features_leave_in_the_serving_dtype(dtype, expected):
 
 @pytest.mark.parametrize("dtype", ["auto", "float32", None])
 def test_features_stay_float32_when_the_model_dtype_is_not_half(dtype):
-    import torch
-
-    from moss_vl.hooks import upstream
-    from moss_vl.hooks.patch_moss_vl_processor import features_in_serving_dtype
-
     pixels = torch.randn(48, 768)
     items = features_in_serving_dtype(upstream.original(_BUILD_ITEMS), _processor_with_dtype(dtype),
                                       {"pixel_values": pixels, "grid_thw": torch.tensor([[1, 8, 6]])},
@@ -242,10 +238,5 @@ def test_features_stay_float32_when_the_model_dtype_is_not_half(dtype):
 
 
 def test_no_pixels_no_items():
-    import torch
-
-    from moss_vl.hooks import upstream
-    from moss_vl.hooks.patch_moss_vl_processor import features_in_serving_dtype
-
     assert features_in_serving_dtype(upstream.original(_BUILD_ITEMS), _processor_with_dtype("bfloat16"),
                                      {"input_ids": [1, 2]}, torch.arange(2)) == []
