@@ -51,7 +51,7 @@ def test_p50_is_the_median(bench, monkeypatch):
     times = iter([0.1, 0.3])
 
     class Client:
-        def stream(self, messages, max_tokens, ignore_eos=False):
+        def stream(self, messages, max_tokens, ignore_eos=False, logprobs=False):
             return {"status": 200, "ttft_s": next(times), "e2e_s": 1.0, "decode_tok_s": None,
                     "prompt_tokens": 10, "completion_tokens": 1, "text": "x"}
 
@@ -75,6 +75,47 @@ def test_compare_counts_equal_texts_per_variant(bench, tmp_path, capsys):
     assert lines == [{"workload": "text", "concurrency": 8, "variant": "triton",
                       "baseline": "plugin_off", "compared": 3, "equal": 2,
                       "differ": ["text:2"]}]
+
+
+def test_logprobs_give_each_token_its_top2_gap(bench, fixture_server, tmp_path):
+    server = fixture_server(num_tokens=4)
+    plain, with_lp = tmp_path / "plain.jsonl", tmp_path / "lp.jsonl"
+    common = ["--url", server.url, "--variant", "a", "--workloads", "text",
+              "--concurrency", "1", "--rounds", "1"]
+    assert bench.main([*common, "--out", str(plain)]) == 0
+    assert bench.main([*common, "--out", str(with_lp), "--logprobs"]) == 0
+    (row_plain,) = [json.loads(line) for line in plain.read_text().splitlines()]
+    (row,) = [json.loads(line) for line in with_lp.read_text().splitlines()]
+    assert "steps" not in row_plain
+    assert set(row["steps"]) == set(row["tokens"]) and len(row["steps"]) == bench.C1_REQUESTS
+    for key, steps in row["steps"].items():
+        # The fixture's token i has a top-2 gap of 0.25 * (i + 1).
+        assert steps == [[f" tok{i}", 0.25 * (i + 1)] for i in range(4)], key
+        assert "".join(token for token, _gap in steps) == row["tokens"][key]
+    bodies = [r.body for r in server.chat_records()]
+    asked = [b for b in bodies if b.get("logprobs")]
+    # Warm-up requests of both runs are plain; the measured ones of the second ask.
+    assert len(asked) == bench.C1_REQUESTS and all(b["top_logprobs"] == 2 for b in asked)
+
+
+def test_compare_says_where_greedy_paths_part(bench, tmp_path, capsys):
+    out = tmp_path / "runs.jsonl"
+    base_steps = {"text:1": [["a", 3.0], ["b", 0.01], ["c", 2.0]], "text:2": [["d", 1.0]]}
+    rows = [
+        {"workload": "text", "concurrency": 1, "variant": "upstream",
+         "tokens": {"text:1": "abc", "text:2": "d", "text:3": "e"}, "steps": base_steps},
+        {"workload": "text", "concurrency": 1, "variant": "triton",
+         "tokens": {"text:1": "axc", "text:2": "d", "text:3": "f"},
+         "steps": {"text:1": [["a", 3.0], ["x", 0.02], ["c", 2.0]], "text:2": [["d", 1.0]]}},
+    ]
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert bench.main(["--out", str(out), "--compare-to", "upstream"]) == 0
+    (line,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert line["differ"] == ["text:1", "text:3"]
+    assert line["divergences"] == [
+        {"request": "text:1", "position": 1, "tokens": ["b", "x"], "top2_gap": [0.01, 0.02]},
+        {"request": "text:3", "position": None, "why": "no logprobs on one side"},
+    ]
 
 
 def test_video_720p_costs_what_docs_video_md_says(bench, tmp_path):

@@ -6,7 +6,9 @@ client sees from `sglang.launch_server`:
 
 - POST /v1/chat/completions, plain JSON or (`"stream": true`) Server-Sent Events
   over chunked HTTP/1.1: a role chunk, one chunk per token, a finish chunk, a
-  usage chunk when `stream_options.include_usage` is set, then `data: [DONE]`.
+  usage chunk when `stream_options.include_usage` is set, then `data: [DONE]`;
+  with `logprobs` (and `top_logprobs`) each token carries OpenAI's `logprobs.content`
+  entry, as SGLang's does.
   The role chunk goes out at once, as OpenAI sends it (SGLang sends it with
   the first token), so a client that took TTFT at the first chunk would show
   ~0 here instead of the first-token delay;
@@ -433,6 +435,7 @@ class _Handler(BaseHTTPRequestHandler):
         start = time.perf_counter()
         time.sleep(config.first_token_delay + config.inter_token_delay * (n_tokens - 1))
         text = "".join(_token(i) for i in range(n_tokens))
+        top_n = int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
         doc = {
             "id": rid,
             "object": "chat.completion",
@@ -443,6 +446,9 @@ class _Handler(BaseHTTPRequestHandler):
                     "index": 0,
                     "message": {"role": "assistant", "content": text},
                     "finish_reason": "length" if n_tokens == max_tokens else "stop",
+                    "logprobs": None if top_n is None else {
+                        "content": [_token_logprob(i, top_n) for i in range(n_tokens)]
+                    },
                 }
             ],
             "usage": _usage(prompt_tokens, n_tokens),
@@ -479,9 +485,13 @@ class _Handler(BaseHTTPRequestHandler):
         start = time.perf_counter()
         sent: list[float] = []
         self._event(chunk({"role": "assistant", "content": ""}))
+        top_n = int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
         for i in range(n_tokens):
             time.sleep(config.first_token_delay if i == 0 else config.inter_token_delay)
-            self._event(chunk({"content": _token(i)}))
+            event = chunk({"content": _token(i)})
+            if top_n is not None:
+                event["choices"][0]["logprobs"] = {"content": [_token_logprob(i, top_n)]}
+            self._event(event)
             sent.append(time.perf_counter())
             if cut:
                 record.error = "stream cut by disconnect_rate"
@@ -514,6 +524,19 @@ def _image_urls(body: dict) -> list[str]:
 
 def _token(i: int) -> str:
     return f" tok{i}"
+
+
+def _token_logprob(i: int, top_n: int) -> dict:
+    """OpenAI's `logprobs.content` entry for token i (SGLang sends the same shape): its
+    logprob and the top_n most likely tokens, the chosen one first. The top-2 gap of
+    token i is 0.25 * (i + 1), so a client can tell positions apart by it."""
+    chosen = -0.05 * (i % 4)
+    top = [{"token": _token(i), "logprob": chosen, "bytes": list(_token(i).encode())}]
+    for k in range(1, top_n):
+        alt = f" alt{i}.{k}"
+        top.append({"token": alt, "logprob": chosen - 0.25 * (i + 1) * k,
+                    "bytes": list(alt.encode())})
+    return {**top[0], "top_logprobs": top}
 
 
 def _usage(prompt_tokens: int, n_tokens: int) -> dict:

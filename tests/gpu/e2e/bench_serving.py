@@ -20,7 +20,8 @@ For each workload and concurrency: TTFT p50/p95 (at concurrency 1 at least
 C1_REQUESTS sequential requests), prefill tokens/s (prompt tokens over TTFT), decode
 tokens/s per request (tokens after the first over the time after the first),
 aggregate output tokens/s, and the greedy texts of each request (`--compare-to`
-compares them between variants). Images differ per request (a seed per request)
+compares them between variants; with `--logprobs` also the first divergent position
+and the top-2 logprob gap there on both sides). Images differ per request (a seed per request)
 so that every request encodes its own images, as distinct users' do.
 """
 
@@ -104,12 +105,15 @@ class Client:
         self.host, self.port = parts.hostname, parts.port or 80
         self.model, self.timeout = model, timeout
 
-    def stream(self, messages, max_tokens: int, ignore_eos: bool = False) -> dict:
+    def stream(self, messages, max_tokens: int, ignore_eos: bool = False,
+               logprobs: bool = False) -> dict:
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
                 "temperature": 0, "stream": True,
                 "stream_options": {"include_usage": True}}
         if ignore_eos:
             body["ignore_eos"] = True
+        if logprobs:
+            body["logprobs"], body["top_logprobs"] = True, 2
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         start = time.perf_counter()
         conn.request("POST", "/v1/chat/completions", json.dumps(body),
@@ -120,7 +124,7 @@ class Client:
             conn.close()
             return {"status": resp.status, "error": detail.decode(errors="replace")}
         first = last = None
-        pieces, usage = [], None
+        pieces, usage, steps = [], None, []
         for raw in resp:
             line = raw.decode().strip()
             if not line.startswith("data:"):
@@ -132,6 +136,8 @@ class Client:
             if event.get("usage"):
                 usage = event["usage"]
             for choice in event.get("choices", []):
+                for entry in (choice.get("logprobs") or {}).get("content") or ():
+                    steps.append(token_step(entry))
                 piece = (choice.get("delta") or {}).get("content")
                 if piece:
                     now = time.perf_counter()
@@ -150,17 +156,27 @@ class Client:
             "prompt_tokens": usage.get("prompt_tokens"),
             "completion_tokens": out,
             "text": "".join(pieces),
+            "steps": steps,
         }
 
 
+def token_step(entry: dict) -> list:
+    """[token, top-1 minus top-2 logprob] of one generated token (OpenAI's
+    `logprobs.content` entry); the gap is None without two alternatives."""
+    top = sorted((t["logprob"] for t in entry.get("top_logprobs") or ()), reverse=True)
+    gap = round(top[0] - top[1], 4) if len(top) >= 2 else None
+    return [entry["token"], gap]
+
+
 def run(client: Client, workload: str, concurrency: int, rounds: int, max_tokens: int,
-        seed0: int) -> dict:
+        seed0: int, logprobs: bool = False) -> dict:
     results: list[dict] = []
     lock = threading.Lock()
 
     def one(seed: int, kind: str):
         msgs = messages_for(kind, seed)
-        r = client.stream(msgs, max_tokens, ignore_eos=(workload == "mixed-decode"))
+        r = client.stream(msgs, max_tokens, ignore_eos=(workload == "mixed-decode"),
+                          logprobs=logprobs)
         r["seed"], r["kind"] = seed, kind
         with lock:
             results.append(r)
@@ -206,6 +222,8 @@ def run(client: Client, workload: str, concurrency: int, rounds: int, max_tokens
         "output_tok_s": round(sum(r["completion_tokens"] for r in ok) / wall, 1),
         "tokens": {f"{r['kind']}:{r['seed']}": r["text"] for r in ok},
     }
+    if logprobs:
+        summary["steps"] = {f"{r['kind']}:{r['seed']}": r["steps"] for r in ok}
     return summary
 
 
@@ -225,10 +243,28 @@ def compare(path: str, baseline: str) -> list[dict]:
             continue
         common = sorted(set(base["tokens"]) & set(row["tokens"]))
         equal = [k for k in common if base["tokens"][k] == row["tokens"][k]]
-        report.append({"workload": workload, "concurrency": conc, "variant": variant,
-                       "baseline": baseline, "compared": len(common), "equal": len(equal),
-                       "differ": sorted(set(common) - set(equal))})
+        differ = sorted(set(common) - set(equal))
+        line = {"workload": workload, "concurrency": conc, "variant": variant,
+                "baseline": baseline, "compared": len(common), "equal": len(equal),
+                "differ": differ}
+        if "steps" in base and "steps" in row:
+            line["divergences"] = [divergence(k, base["steps"].get(k), row["steps"].get(k))
+                                   for k in differ]
+        report.append(line)
     return report
+
+
+def divergence(request: str, base: list | None, other: list | None) -> dict:
+    """Where two greedy paths part, and how close the top two candidates were there in
+    each: a gap at bf16 rounding is a near-tie; a wide one is a numerical difference."""
+    if not base or not other:
+        return {"request": request, "position": None, "why": "no logprobs on one side"}
+    pos = next((i for i, (a, b) in enumerate(zip(base, other)) if a[0] != b[0]),
+               min(len(base), len(other)))
+    if pos >= min(len(base), len(other)):
+        return {"request": request, "position": pos, "why": "one path is longer"}
+    return {"request": request, "position": pos, "tokens": [base[pos][0], other[pos][0]],
+            "top2_gap": [base[pos][1], other[pos][1]]}
 
 
 def main(argv=None) -> int:
@@ -245,6 +281,10 @@ def main(argv=None) -> int:
     parser.add_argument("--deadline", type=float, default=0,
                         help="unix time after which no new measurement starts")
     parser.add_argument("--out", required=True, help="JSON lines file to append to")
+    parser.add_argument("--logprobs", action="store_true",
+                        help="ask for the top-2 logprobs of every generated token, so that "
+                             "--compare-to says where two greedy paths part and how close "
+                             "their top two candidates were there (costs decode time)")
     parser.add_argument("--compare-to", metavar="VARIANT",
                         help="measure nothing: compare the greedy texts in --out with this "
                              "variant's, print one JSON line per workload and variant")
@@ -267,11 +307,12 @@ def main(argv=None) -> int:
                     print(f"deadline: skipping {workload} at concurrency {conc}", flush=True)
                     continue
                 max_tokens = args.decode_tokens if workload == "mixed-decode" else args.max_tokens
-                summary = run(client, workload, conc, args.rounds, max_tokens, seed0=1000 * conc)
+                summary = run(client, workload, conc, args.rounds, max_tokens, seed0=1000 * conc,
+                              logprobs=args.logprobs)
                 summary["variant"] = args.variant
                 out.write(json.dumps(summary) + "\n")
                 out.flush()
-                brief = {k: v for k, v in summary.items() if k != "tokens"}
+                brief = {k: v for k, v in summary.items() if k not in ("tokens", "steps")}
                 print(json.dumps(brief), flush=True)
     return 0
 

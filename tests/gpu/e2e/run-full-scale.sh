@@ -13,7 +13,11 @@
 # (the CUDA preset, SGLANG_PLUGINS=none), triton, staircase, mask.
 # FULL_LM_HEAD_SCALE (50) peaks the random checkpoint's outputs, so that the greedy
 # texts of two variants are comparable (bench_serving.py --compare-to, printed at
-# the end against plugin_off: graph decode against eager for text-only rows).
+# the end against upstream and plugin_off: graph decode against eager for text-only
+# rows). Rows of a run with FULL_EXTRA_ARGS are named "<variant> [<args>]".
+# FULL_LOGPROBS=1: every request also asks for its tokens' top-2 logprobs, so the
+# comparison gives each divergence its position and top-2 gap (a near-tie or not);
+# it costs decode time, so a run for speed numbers leaves it off.
 set -uo pipefail
 cd "$(dirname "$0")/../../.." || exit 2
 # shellcheck source=tests/gpu/e2e/lib.sh
@@ -23,6 +27,8 @@ FULL_MODEL=${FULL_MODEL:-/tmp/moss-vl-full}
 JSONL=$WORK/full-scale.jsonl
 FULL_VARIANTS=${FULL_VARIANTS:-triton,plugin_off}
 FULL_LM_HEAD_SCALE=${FULL_LM_HEAD_SCALE:-50}
+LOGPROBS=()
+[ "${FULL_LOGPROBS:-0}" = 1 ] && LOGPROBS=(--logprobs)
 # FULL_EXTRA_ARGS: SGLang flags for every variant, e.g. "--mm-processor-worker-num 8".
 read -r -a FULL_EXTRA <<<"${FULL_EXTRA_ARGS:-}"
 # The published model's serving flags (REFERENCE.md), CUDA graphs kept; the
@@ -56,7 +62,7 @@ full() {
     du -sh "$FULL_MODEL"
 
     cat "$FULL_MODEL/moss_vl_testing.json" 2>/dev/null
-    local variant env_args
+    local variant label env_args
     for variant in ${FULL_VARIANTS//,/ }; do
         SERVER_CMD=()
         case $variant in
@@ -78,20 +84,26 @@ full() {
             echo "skipping $variant: $(remaining) s left"
             continue
         fi
-        step "server: $variant"
+        # Rows of a run with extra flags carry them in their name, so that an
+        # appended run never passes for the plain variant.
+        label=$variant${FULL_EXTRA_ARGS:+ [$FULL_EXTRA_ARGS]}
+        step "server: $label"
         start_server "full-$variant" "${env_args[@]}" || return 1
         wait_healthy "full-$variant" "$(at_least_10 $(( $(remaining) - 60 )))" || return 1
         nvidia-smi --query-gpu=memory.used --format=csv,noheader | sed "s/^/$variant memory.used: /"
         step "workloads: $variant"
         timeout "$(at_least_10 $(( $(remaining) - 30 )))" python3 tests/gpu/e2e/bench_serving.py \
-            --variant "$variant" --workloads "${FULL_WORKLOADS:-single-image,video,text,mixed-decode}" \
-            --concurrency 1,8 --rounds 2 --out "$JSONL" --deadline $(( E2E_DEADLINE - 60 ))
+            --variant "$label" --workloads "${FULL_WORKLOADS:-single-image,video,text,mixed-decode}" \
+            --concurrency 1,8 --rounds 2 --out "$JSONL" --deadline $(( E2E_DEADLINE - 60 )) \
+            "${LOGPROBS[@]}"
         curl -s "$URL/metrics" | grep -E '^moss_vl:(mask_bytes|cross_attention_mask_path)' \
-            | sed "s/^/$variant /" >>"$WORK/metrics.txt"
+            | sed "s/^/$label /" >>"$WORK/metrics.txt"
         stop_server
     done
     SERVER_CMD=()
-    step "greedy texts against plugin_off (LM head x$FULL_LM_HEAD_SCALE)"
+    # Both plugin-off launches are baselines (prints nothing for one not run).
+    step "greedy texts against upstream and plugin_off (LM head x$FULL_LM_HEAD_SCALE)"
+    python3 tests/gpu/e2e/bench_serving.py --out "$JSONL" --compare-to upstream
     python3 tests/gpu/e2e/bench_serving.py --out "$JSONL" --compare-to plugin_off
     cp "$JSONL" "$OUTDIR/full-scale.jsonl" 2>/dev/null
     true
