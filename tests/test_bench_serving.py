@@ -118,6 +118,44 @@ def test_compare_says_where_greedy_paths_part(bench, tmp_path, capsys):
     ]
 
 
+def test_each_row_carries_the_servers_stage_times(bench, fixture_server, tmp_path):
+    """The fixture's scheduler takes 0.5 ms to receive a request, queues nothing and
+    prefills for the rest of its first-token delay: the row's means say so."""
+    server = fixture_server(num_tokens=2, first_token_delay=0.08)
+    out = tmp_path / "runs.jsonl"
+    assert bench.main(["--url", server.url, "--variant", "a", "--workloads", "text,single-image",
+                       "--concurrency", "1", "--rounds", "1", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2
+    for row in rows:
+        stages = row["server_stages_ms"]
+        assert set(stages) == {"request_process", "queue", "prefill_forward", "server_ttft"}
+        assert stages["request_process"] == 0.5 and stages["queue"] == 0.0
+        assert 79.0 <= stages["prefill_forward"] <= stages["server_ttft"] - 0.5 + 0.1
+        # Means over this row's requests only: the warm-up and the other row are not in them.
+        assert stages["server_ttft"] < row["ttft_p95_ms"] + 1
+
+
+def test_stage_totals_sum_label_sets_and_ignore_buckets(bench):
+    text = "\n".join([
+        "# TYPE sglang:per_stage_req_latency_seconds histogram",
+        'sglang:per_stage_req_latency_seconds_bucket{stage="prefill_forward",le="0.1"} 9',
+        'sglang:per_stage_req_latency_seconds_sum{tp_rank="0",stage="prefill_forward"} 1.5',
+        'sglang:per_stage_req_latency_seconds_count{tp_rank="0",stage="prefill_forward"} 3',
+        'sglang:per_stage_req_latency_seconds_sum{tp_rank="1",stage="prefill_forward"} 0.5',
+        'sglang:per_stage_req_latency_seconds_count{tp_rank="1",stage="prefill_forward"} 1',
+        'sglang:queue_time_seconds_sum{model_name="moss-vl"} 0.2',
+        'sglang:queue_time_seconds_count{model_name="moss-vl"} 4',
+        'sglang:queue_time_seconds_created{model_name="moss-vl"} 1.7e9',
+        'sglang:num_queue_reqs{model_name="moss-vl"} 2',
+    ])
+    before = bench.stage_totals(text)
+    assert before == {"prefill_forward": [2.0, 4.0], "queue": [0.2, 4.0]}
+    after = {"prefill_forward": [3.0, 6.0], "queue": [0.2, 4.0], "server_ttft": [0.3, 1.0]}
+    # queue saw no new request: no mean for it, rather than a 0 that was not measured.
+    assert bench.stage_means_ms(before, after) == {"prefill_forward": 500.0, "server_ttft": 300.0}
+
+
 def test_video_720p_costs_what_docs_video_md_says(bench, tmp_path):
     """The 720p workload is 64 timestamped 1280x720 frames; through the full-size
     checkpoint's processor each is 44x80 patches (720 rounds to 704), so the request

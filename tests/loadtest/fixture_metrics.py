@@ -28,6 +28,14 @@ TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100,
 ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06,
                0.08, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0)  # fmt: skip
 E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 800)
+# The scheduler's per-request stage histograms: per_stage_req_latency_seconds (SGLang's
+# exponential_buckets(0.001, 1.62, 30)) and queue_time_seconds.
+STAGE_BUCKETS = tuple(0.001 * 1.62**i for i in range(30))
+QUEUE_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40,
+                 50, 60, 70, 80, 90, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200,
+                 1400, 1600, 1800, 2000, 2500, 3000)  # fmt: skip
+# What the fixture's scheduler takes to receive a request (request_process stage).
+REQUEST_PROCESS_S = 0.0005
 # moss_vl.metrics buckets.
 MASK_BUILD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                       0.25, 1.0)  # fmt: skip
@@ -71,6 +79,13 @@ class FixtureMetrics:
         )
         self.e2e = Histogram(
             "sglang:e2e_request_latency_seconds", "", streaming, buckets=E2E_BUCKETS, registry=r
+        )
+        self.queue_time = Histogram(
+            "sglang:queue_time_seconds", "", ranks, buckets=QUEUE_BUCKETS, registry=r
+        )
+        self.stage_latency = Histogram(
+            "sglang:per_stage_req_latency_seconds", "", [*ranks, "stage"],
+            buckets=STAGE_BUCKETS, registry=r,
         )
         self.mask_build = Histogram(
             "moss_vl:mask_build_seconds", "", buckets=MASK_BUILD_BUCKETS, registry=r
@@ -170,6 +185,15 @@ class FixtureMetrics:
         self.generation_tokens.labels(**labels).inc(completion_tokens)
         self.ttft.labels(**labels).observe(ttft)
         self.e2e.labels(**labels).observe(e2e)
+        # The scheduler's view of the same request: received at once, never queued,
+        # its prefill the first-token delay (no tokenizer work is modelled).
+        self.stage_latency.labels(**RANK_LABELS, stage="request_process").observe(
+            REQUEST_PROCESS_S
+        )
+        self.queue_time.labels(**RANK_LABELS).observe(0.0)
+        self.stage_latency.labels(**RANK_LABELS, stage="prefill_forward").observe(
+            max(0.0, ttft - REQUEST_PROCESS_S)
+        )
         for gap in gaps:
             self.itl.labels(**MODEL_LABELS).observe(gap)
 

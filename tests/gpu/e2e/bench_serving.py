@@ -19,7 +19,9 @@ chat completion, streamed, so TTFT is what a client sees.
 For each workload and concurrency: TTFT p50/p95 (at concurrency 1 at least
 C1_REQUESTS sequential requests), prefill tokens/s (prompt tokens over TTFT), decode
 tokens/s per request (tokens after the first over the time after the first),
-aggregate output tokens/s, and the greedy texts of each request (`--compare-to`
+aggregate output tokens/s, SGLang's own mean time per request in each stage it
+measures (`server_stages_ms`, from /metrics before and after: request_process,
+queue, prefill_forward, server_ttft), and the greedy texts of each request (`--compare-to`
 compares them between variants; with `--logprobs` also the first divergent position
 and the top-2 logprob gap there on both sides). Images differ per request (a seed per request)
 so that every request encodes its own images, as distinct users' do.
@@ -33,6 +35,7 @@ import http.client
 import io
 import json
 import math
+import re
 import statistics
 import sys
 import threading
@@ -105,6 +108,19 @@ class Client:
         self.host, self.port = parts.hostname, parts.port or 80
         self.model, self.timeout = model, timeout
 
+    def metrics(self) -> str:
+        """The server's /metrics text ("" when it has none to give)."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        try:
+            conn.request("GET", "/metrics")
+            resp = conn.getresponse()
+            body = resp.read().decode(errors="replace")
+            return body if resp.status == 200 else ""
+        except OSError:
+            return ""
+        finally:
+            conn.close()
+
     def stream(self, messages, max_tokens: int, ignore_eos: bool = False,
                logprobs: bool = False) -> dict:
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
@@ -158,6 +174,47 @@ class Client:
             "text": "".join(pieces),
             "steps": steps,
         }
+
+
+# SGLang's own per-request timing, summed over label sets: the scheduler's stage
+# histogram (request_process: received to queued; prefill_forward: the prefill
+# batch, ViT included), its queue time, and the tokenizer manager's time to first
+# token. Where a client's TTFT goes: server TTFT minus the three is the tokenizer
+# side (media decode, processor, hashing, hand-off) and transport.
+STAGE_SERIES = {
+    "sglang:per_stage_req_latency_seconds": None,  # keyed by its stage label
+    "sglang:queue_time_seconds": "queue",
+    "sglang:time_to_first_token_seconds": "server_ttft",
+}
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)_(?P<part>sum|count)"
+                     r"(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+
+
+def stage_totals(text: str) -> dict[str, list[float]]:
+    """{stage: [sum of seconds, count]} from a /metrics exposition."""
+    totals: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or m["name"] not in STAGE_SERIES:
+            continue
+        key = STAGE_SERIES[m["name"]]
+        if key is None:
+            stage = re.search(r'stage="([^"]*)"', m["labels"] or "")
+            if not stage:
+                continue
+            key = stage[1]
+        totals.setdefault(key, [0.0, 0.0])[0 if m["part"] == "sum" else 1] += float(m["value"])
+    return totals
+
+
+def stage_means_ms(before: dict, after: dict) -> dict[str, float]:
+    """Mean milliseconds per observation of each stage between two snapshots."""
+    means = {}
+    for key, (total, count) in sorted(after.items()):
+        total0, count0 = before.get(key, (0.0, 0.0))
+        if count > count0:
+            means[key] = round(1000 * (total - total0) / (count - count0), 1)
+    return means
 
 
 def token_step(entry: dict) -> list:
@@ -307,8 +364,10 @@ def main(argv=None) -> int:
                     print(f"deadline: skipping {workload} at concurrency {conc}", flush=True)
                     continue
                 max_tokens = args.decode_tokens if workload == "mixed-decode" else args.max_tokens
+                before = stage_totals(client.metrics())
                 summary = run(client, workload, conc, args.rounds, max_tokens, seed0=1000 * conc,
                               logprobs=args.logprobs)
+                summary["server_stages_ms"] = stage_means_ms(before, stage_totals(client.metrics()))
                 summary["variant"] = args.variant
                 out.write(json.dumps(summary) + "\n")
                 out.flush()

@@ -69,10 +69,11 @@ full() {
             upstream)
                 env_args=(SGLANG_PLUGINS=none)
                 # REFERENCE.md's flags, the port and sizes of this run, and the
-                # H200 batch's backend limits (lib.sh says why).
+                # H200 batch's backend limits (lib.sh says why); --enable-metrics
+                # for bench_serving's stage times (SGLang's own histograms).
                 SERVER_CMD=(python3 -m sglang.launch_server --model-path "$FULL_MODEL"
                     --served-model-name moss-vl --port "$PORT" --trust-remote-code
-                    --enable-multimodal --dtype bfloat16 --mem-fraction-static 0.6
+                    --enable-multimodal --enable-metrics --dtype bfloat16 --mem-fraction-static 0.6
                     --context-length "$FULL_CONTEXT_LENGTH" --prefill-attention-backend flashinfer
                     "${SGLANG_ARGS[@]}") ;;
             plugin_off) env_args=(SGLANG_PLUGINS=none) ;;
