@@ -197,7 +197,6 @@ def test_config_file_holds_the_keys_for_sglang(tmp_path, model_dir):
     [
         (("--api-key", "x"), "--api-key"),
         (("--admin-api-key=x",), "--admin-api-key"),
-        (("--tokenizer-worker-num", "2"), "--tokenizer-worker-num"),
     ],
 )
 def test_refused(model_dir, extra, flag):
@@ -207,6 +206,49 @@ def test_refused(model_dir, extra, flag):
             visible=1,
         )
     assert err.value.flag == flag
+
+
+@pytest.mark.parametrize(
+    "version, environ, why",
+    [
+        ("0.5.17", {}, "do not load moss_vl.http_app"),
+        ("0.5.17.post1", {}, "do not load moss_vl.http_app"),
+        ("0.5.23", {"SGLANG_PLUGINS": "none"}, "leaves the moss_vl plugin out"),
+        (None, {}, "SGLang is not installed here"),
+    ],
+)
+def test_keyed_tokenizer_workers_refused_where_nothing_enforces_the_key(
+    model_dir, version, environ, why
+):
+    with pytest.raises(PresetError) as err:
+        build_command(
+            ServeConfig(device="cuda", model_path=model_dir, api_key="k",
+                        extra_args=("--tokenizer-worker-num", "2")),
+            visible=1, environ=environ, sglang_version=version,
+        )
+    assert err.value.flag == "--tokenizer-worker-num" and why in str(err.value)
+
+
+def test_keyed_tokenizer_workers_on_a_line_whose_workers_load_the_plugin(model_dir):
+    """0.5.23's workers import moss_vl.http_app, which enforces the key in each
+    (tests/test_http_app.py runs such a worker)."""
+    command = build_command(
+        ServeConfig(device="cuda", model_path=model_dir, api_key="k",
+                    extra_args=("--tokenizer-worker-num", "4")),
+        visible=1, environ={"SGLANG_PLUGINS": "moss_vl"}, sglang_version="0.5.23",
+    )
+    assert command.env["SGLANG_HTTP_SERVER_APP_PATH"] == "moss_vl.http_app:app"
+    assert "--tokenizer-worker-num" in command.argv and command.secret_config == {"api-key": "k"}
+    assert not command.warnings
+
+
+def test_a_preview_without_sglang_warns_about_keyed_workers(model_dir):
+    command = build_command(
+        ServeConfig(device="cuda", model_path=model_dir, api_key="k",
+                    extra_args=("--tokenizer-worker-num", "2")),
+        visible=1, environ={}, preview=True, sglang_version=None,
+    )
+    assert any("SGLang is not installed here" in w for w in command.warnings)
 
 
 def test_one_tokenizer_worker_without_key_is_fine(model_dir):

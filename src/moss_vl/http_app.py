@@ -7,6 +7,9 @@ names (default ``sglang.srt.entrypoints.http_server:app``) and nothing else: no
 metrics, video errors as 400, features in the serving dtype, key redaction) would
 be missing there while the scheduler has its own. The presets point the variable
 here. SGLang 0.5.17 hard-codes the app path, so there the workers stay unhooked.
+
+In a worker it also installs SGLang's API-key middleware, which upstream leaves
+out of multi-tokenizer mode (``moss_vl.hooks.patch_http_server`` says why and how).
 """
 
 from __future__ import annotations
@@ -16,5 +19,10 @@ from sglang.srt.plugins import load_plugins
 load_plugins()
 
 from sglang.srt.entrypoints.http_server import app  # noqa: E402  (after the hooks)
+
+from moss_vl.hooks.patch_http_server import install_worker_auth  # noqa: E402
+
+# Before uvicorn starts the app: Starlette builds its middleware stack on the first call.
+install_worker_auth(app)
 
 __all__ = ["app"]

@@ -407,6 +407,35 @@ def _int_value(options: dict[str, _Option], flag: str, default: int) -> int:
         raise PresetError(flag, f"{raw!r} is not an integer") from None
 
 
+# The lines whose HTTP workers import SGLANG_HTTP_SERVER_APP_PATH (moss_vl.http_app),
+# where the plugin enforces the API key in every tokenizer worker.
+KEYED_WORKER_LINES = (sglang_versions.SGLANG_0_5_23,)
+
+
+def _keyed_workers_problem(environ: Mapping[str, str], sglang_version: str | None) -> str | None:
+    """Why more than one tokenizer worker would serve without the API key, or None."""
+    plugins = environ.get("SGLANG_PLUGINS", "").strip()
+    if plugins and PLUGIN_NAME not in {p.strip() for p in plugins.split(",")}:
+        return (
+            f"SGLANG_PLUGINS={plugins} leaves the moss_vl plugin out, and SGLang enforces the "
+            "API key only with one tokenizer worker"
+        )
+    if sglang_version is None:
+        return (
+            "SGLang is not installed here, so whether its HTTP workers load moss_vl.http_app "
+            f"(which enforces the key in them) cannot be told; they do on "
+            f"{', '.join(str(line) for line in KEYED_WORKER_LINES)}"
+        )
+    if not any(sglang_version in line for line in KEYED_WORKER_LINES):
+        return (
+            f"SGLang {sglang_version} enforces the API key only with one tokenizer worker and "
+            "its HTTP workers do not load moss_vl.http_app, so with more every endpoint would "
+            f"answer without a key (the plugin enforces it on "
+            f"{', '.join(str(line) for line in KEYED_WORKER_LINES)})"
+        )
+    return None
+
+
 def _check_merged(
     device: str,
     options: dict[str, _Option],
@@ -415,6 +444,7 @@ def _check_merged(
     environ: Mapping[str, str],
     preview: bool = False,
     keyed: bool = False,
+    sglang_version: str | None = None,
 ) -> list[str]:
     warnings: list[str] = []
     if "--config" in options:
@@ -429,15 +459,15 @@ def _check_merged(
             "(/proc/<pid>/cmdline); give it as a file: MOSS_VL_API_KEY_FILE / "
             "MOSS_VL_ADMIN_API_KEY_FILE (the chart mounts them from a Secret)",
         )
-    # SGLang 0.5.23 installs its API-key middleware only in single-tokenizer
-    # mode (http_server: "This is only supported in single tokenizer mode"),
-    # so more tokenizer workers would serve every endpoint without a key.
+    # SGLang installs its API-key middleware only in single-tokenizer mode; with
+    # more tokenizer workers the plugin installs it in each (hooks/patch_http_server),
+    # which needs a line whose workers import moss_vl.http_app and the plugin loaded.
     if keyed and _int_value(options, "--tokenizer-worker-num", 1) > 1:
-        raise PresetError(
-            "--tokenizer-worker-num",
-            "SGLang enforces the API key only with one tokenizer worker; with more, every "
-            "endpoint would answer without a key",
-        )
+        problem = _keyed_workers_problem(environ, sglang_version)
+        if problem and preview and sglang_version is None:
+            warnings.append(f"--tokenizer-worker-num with an API key: {problem}")
+        elif problem:
+            raise PresetError("--tokenizer-worker-num", problem)
     requested_device = _single_value(options, "--device")
     if requested_device is not None and requested_device != device:
         raise PresetError(
@@ -517,8 +547,12 @@ def build_command(
     visible_source: str = "",
     environ: Mapping[str, str] | None = None,
     preview: bool = False,
+    sglang_version: str | None | object = ...,
 ) -> ServeCommand:
     """The validated SGLang arguments and environment for `config`.
+
+    `sglang_version`: the SGLang the server will run (default: the installed one;
+    None: not installed), for checks that depend on its line.
 
     `visible` is the number of accelerators the server would see (None when
     unknowable); it is the tp default and the tp check's reference.
@@ -536,8 +570,11 @@ def build_command(
         for name, value in (("api-key", config.api_key), ("admin-api-key", config.admin_api_key))
         if value
     }
+    if sglang_version is ...:
+        sglang_version = sglang_versions.installed()
     warnings = _check_merged(
-        config.device, by_flag, visible, visible_source, env_in, preview, keyed=bool(secret_config)
+        config.device, by_flag, visible, visible_source, env_in, preview,
+        keyed=bool(secret_config), sglang_version=sglang_version,
     )
 
     argv: list[str] = []

@@ -52,10 +52,11 @@ def test_target_resolves_with_expected_signature(hook):
 @pytest.mark.parametrize("hook", HOOKS, ids=lambda h: h.name)
 def test_hook_accepts_what_the_target_is_called_with(hook):
     """The hook binds every argument the target takes: the first positionally
-    (``self`` or the target's first parameter), the rest by their names."""
+    (``self`` or the target's first parameter), the rest by their names; a target
+    without parameters gets only the leading one."""
     leading = {"around": ["original"], "after": ["result"]}.get(hook.kind, [])
-    first, *rest = hook.signature
-    inspect.signature(hook.func).bind(*leading, first, **{name: None for name in rest})
+    first, rest = hook.signature[:1], hook.signature[1:]
+    inspect.signature(hook.func).bind(*leading, *first, **{name: None for name in rest})
 
 
 def test_the_flashinfer_staircase_calls_upstreams_planner_as_upstream_does():

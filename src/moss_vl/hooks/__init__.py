@@ -106,6 +106,10 @@ patch_key_redaction: SGLang's start-up log of its server arguments and ``/server
         symbols on two lines, 0.5.23's watermark redaction helpers and 0.5.17's
         ``ServerArgs.__repr__`` / ``TokenizerManager.resolved_config_dict``).
 
+patch_http_server: ``sglang.srt.entrypoints.http_server.init_multi_tokenizer`` (around, 0.5.23)
+    Why/How/Removal: in the module's own docstring (the API key enforced in
+        SGLang's HTTP workers, with ``moss_vl.http_app``).
+
 patch_decode_cuda_graph_runner:
 ``...runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph`` (around)
     Why: upstream refuses the decode graph for any batch holding a request
@@ -208,6 +212,7 @@ HOOK_MODULES = (
     "moss_vl.hooks.patch_key_redaction",
     "moss_vl.hooks.patch_decode_cuda_graph_runner",
     "moss_vl.hooks.patch_moss_vl_processor",
+    "moss_vl.hooks.patch_http_server",
 )
 
 KINDS = ("before", "after", "around", "replace")  # sglang HookType values

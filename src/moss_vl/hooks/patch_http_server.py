@@ -1,0 +1,133 @@
+"""The API key in SGLang's HTTP workers (``--tokenizer-worker-num`` > 1, SGLang 0.5.23).
+
+One concern, so one self-contained file (the ledger entry lives here;
+``hooks/__init__.py`` only lists it).
+
+``sglang.srt.entrypoints.http_server.init_multi_tokenizer`` (around)
+    Why: with more than one tokenizer worker SGLang serves HTTP from uvicorn worker
+        processes, installs its API-key middleware in none of them ("This is only
+        supported in single tokenizer mode") and asserts, in each, that no key is
+        set ("API key is not supported in multi-tokenizer mode"). So a keyed
+        deployment cannot have more than one tokenizer process, the lever that took
+        64-frame video TTFT at 8 concurrent requests down 5-7x on the H200 (issue 11's
+        probe); and an unkeyed one serves SGLang's ADMIN_FORCE endpoints, if any,
+        without the 403 single-tokenizer mode gives them.
+    How: each worker imports ``moss_vl.http_app`` (the presets set
+        ``SGLANG_HTTP_SERVER_APP_PATH``), which calls ``install_worker_auth`` before
+        uvicorn starts the app: it reads the server arguments the main process left
+        in shared memory for the workers (SGLang's own ``read_from_shared_memory``)
+        and installs SGLang's own middleware (``add_api_key_middleware``) with their
+        keys, as single-tokenizer mode does. This hook then lets the worker's start
+        pass upstream's assert: during ``init_multi_tokenizer`` the worker's copy of
+        the arguments comes without ``api_key`` (the middleware holds it; nothing
+        else in the worker reads it). The main process keeps its key, so its warm-up
+        requests carry it. A worker whose app has no middleware (the app path
+        pointing elsewhere) keeps upstream's assert and does not start.
+    Removal: when SGLang enforces the API key in multi-tokenizer mode.
+    Upstream: no issue or PR found (searched 2026-12-02).
+
+SGLang 0.5.17 hard-codes the workers' app path (``moss_vl.http_app`` is never
+imported there), so the hook is declared for 0.5.23 only and ``moss-vl serve``
+keeps refusing a key with more than one tokenizer worker on 0.5.17.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from moss_vl.hooks import Hook
+from moss_vl.sglang_versions import SGLANG_0_5_23
+
+logger = logging.getLogger(__name__)
+
+# SGLang's name for the arguments a multi-tokenizer main process leaves its workers.
+WORKER_ARGS_SHM = "multi_tokenizer_args_{main_pid}"
+_TARGET = "sglang.srt.entrypoints.http_server.init_multi_tokenizer"
+
+# Set by install_worker_auth: the keys this worker's middleware enforces.
+_enforced: dict[str, str | None] | None = None
+
+
+def worker_server_args() -> Any | None:
+    """The server arguments of this HTTP worker's main process, or None when this
+    process is not a multi-tokenizer worker (nothing in shared memory for its parent)."""
+    from sglang.srt.managers.multi_tokenizer_mixin import (
+        get_main_process_id,
+        read_from_shared_memory,
+    )
+
+    try:
+        _port_args, server_args, _info = read_from_shared_memory(
+            WORKER_ARGS_SHM.format(main_pid=get_main_process_id())
+        )
+    except FileNotFoundError:
+        return None
+    return server_args
+
+
+def install_worker_auth(app: Any) -> bool:
+    """In a multi-tokenizer worker: SGLang's API-key middleware on ``app`` with the
+    main process's keys (what single-tokenizer mode installs). True when installed."""
+    global _enforced
+    server_args = worker_server_args()
+    if server_args is None:
+        return False
+    from sglang.srt.utils.auth import add_api_key_middleware, app_has_admin_force_endpoints
+
+    api_key = getattr(server_args, "api_key", None)
+    admin_api_key = getattr(server_args, "admin_api_key", None)
+    if not (api_key or admin_api_key or app_has_admin_force_endpoints(app)):
+        return False
+    add_api_key_middleware(app, api_key=api_key, admin_api_key=admin_api_key)
+    _enforced = {"api_key": api_key, "admin_api_key": admin_api_key}
+    logger.info(
+        "moss_vl: API-key middleware installed in tokenizer worker (api key %s, admin key %s)",
+        "set" if api_key else "unset",
+        "set" if admin_api_key else "unset",
+    )
+    return True
+
+
+def worker_init_with_key_enforced(original: Callable, *args, **kwargs):
+    """Around ``init_multi_tokenizer``: its copy of the arguments without the API key
+    when this worker's middleware enforces that key; upstream's start otherwise."""
+    if not (_enforced and _enforced["api_key"]):
+        return original(*args, **kwargs)
+    module = sys.modules[original.__module__]
+    read = module.read_from_shared_memory
+
+    def read_without_key(name: str):
+        port_args, server_args, info = read(name)
+        if server_args.api_key != _enforced["api_key"]:
+            raise RuntimeError(
+                "moss_vl: the tokenizer worker's API key differs from the one its "
+                "middleware enforces; refusing to start"
+            )
+        server_args.api_key = None
+        return port_args, server_args, info
+
+    async def init():
+        # Upstream reads the arguments before its first await; the module's binding
+        # is swapped for this call only.
+        module.read_from_shared_memory = read_without_key
+        try:
+            return await original(*args, **kwargs)
+        finally:
+            module.read_from_shared_memory = read
+
+    return init()
+
+
+TARGETS = [
+    Hook(
+        name="http_server.keyed_tokenizer_workers",
+        target=_TARGET,
+        kind="around",
+        func=worker_init_with_key_enforced,
+        sglang_versions=(SGLANG_0_5_23,),
+        signature=(),
+    ),
+]
