@@ -156,6 +156,31 @@ def test_stage_totals_sum_label_sets_and_ignore_buckets(bench):
     assert bench.stage_means_ms(before, after) == {"prefill_forward": 500.0, "server_ttft": 300.0}
 
 
+def test_video_transcript_shares_the_clip_and_not_the_text(bench):
+    (one,) = bench.messages_for("video-transcript", 1)
+    (two,) = bench.messages_for("video-transcript", 2)
+
+    def split(message):
+        parts = message["content"]
+        images = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
+        texts = [p["text"] for p in parts if p["type"] == "text"]
+        return images, texts
+
+    images_1, texts_1 = split(one)
+    images_2, texts_2 = split(two)
+    assert len(images_1) == 64 and len(set(images_1)) == 64  # 64 distinct frames
+    assert images_1 == images_2  # one clip for every request: the encoder cache serves it
+    # Per frame: its timestamp, then its subtitle; then the question.
+    assert len(texts_1) == 2 * 64 + 1 and texts_1[0].startswith("<|time_start|>0.0 seconds")
+    subtitles_1, subtitles_2 = texts_1[1:-1:2], texts_2[1:-1:2]
+    assert all(len(s.split()) == bench.TRANSCRIPT_WORDS_PER_FRAME for s in subtitles_1)
+    assert all(a != b for a, b in zip(subtitles_1, subtitles_2))
+    # Content order: timestamp, frame, subtitle.
+    kinds = [p["type"] for p in one["content"][:3]]
+    assert kinds == ["text", "image_url", "text"]
+    assert "video-transcript" in bench.EXTRA_WORKLOADS
+
+
 def test_video_720p_costs_what_docs_video_md_says(bench, tmp_path):
     """The 720p workload is 64 timestamped 1280x720 frames; through the full-size
     checkpoint's processor each is 44x80 patches (720 rounds to 704), so the request

@@ -19,11 +19,18 @@ import pytest
 
 from moss_vl import presets
 
-WORKER = r"""
-import importlib, json, sys, types
 # SGLang's rotary kernel import off CUDA, as in tests/testing/sglang_probe.py.
-for name in ("vllm", "vllm._custom_ops"):
-    m = types.ModuleType(name); m.rotary_embedding = None; sys.modules.setdefault(name, m)
+STUB = r"""
+import sys, types
+
+def stub():
+    for name in ("vllm", "vllm._custom_ops"):
+        m = types.ModuleType(name); m.rotary_embedding = None; sys.modules.setdefault(name, m)
+"""
+
+WORKER = STUB + r"""
+import importlib, json
+stub()
 module, _, attr = sys.argv[1].partition(":")
 app = getattr(importlib.import_module(module), attr)
 import sglang.srt.entrypoints.http_server as upstream_app
@@ -75,13 +82,8 @@ def test_presets_name_it_and_sglang_reads_it(device, monkeypatch):
 # init_multi_tokenizer in its lifespan. Here the worker runs init_multi_tokenizer
 # itself on the tiny checkpoint (no scheduler behind it: none is needed to start or
 # to list models), then calls the app through Starlette's test client.
-MULTI_TOKENIZER = r'''
-import asyncio, importlib, json, logging, multiprocessing, os, sys, types
-
-def stub():
-    # SGLang's rotary kernel import off CUDA, as in tests/testing/sglang_probe.py.
-    for name in ("vllm", "vllm._custom_ops"):
-        m = types.ModuleType(name); m.rotary_embedding = None; sys.modules.setdefault(name, m)
+MULTI_TOKENIZER = STUB + r'''
+import asyncio, importlib, json, logging, multiprocessing, os
 
 def worker(queue, app_path):
     stub()

@@ -15,6 +15,10 @@ chat completion, streamed, so TTFT is what a client sees.
                  mixes both kinds
   video-720p     (by name only) as video, 64 frames of 1280x720: 56,384 encoder
                  tokens, so the server needs --context-length 65536
+  video-transcript (by name only) one 64-frame 448x448 clip for every request,
+                 each frame followed by its subtitle text (16 words, the request's
+                 own): the encoder cache serves the ViT, the text rows see a
+                 growing prefix of the frames (cross-attention's largest share)
 
 For each workload and concurrency: TTFT p50/p95 (at concurrency 1 at least
 C1_REQUESTS sequential requests), prefill tokens/s (prompt tokens over TTFT), decode
@@ -44,8 +48,12 @@ import urllib.parse
 
 WORKLOADS = ("single-image", "multi-turn", "video", "text", "mixed-decode")
 # Asked for by name only: 64 frames of 720p are 56,384 encoder tokens, past the
-# default runs' --context-length 32768 (run-full-scale.sh: FULL_CONTEXT_LENGTH).
-EXTRA_WORKLOADS = ("video-720p",)
+# default runs' --context-length 32768 (run-full-scale.sh: FULL_CONTEXT_LENGTH);
+# video-transcript (~22k prompt tokens) is the staircase's case, for its own runs.
+EXTRA_WORKLOADS = ("video-720p", "video-transcript")
+# video-transcript: the frames every request shares (one clip, many users), so that
+# SGLang's encoder cache serves the ViT and prefill is the decoder's.
+TRANSCRIPT_WORDS_PER_FRAME = 16
 C1_REQUESTS = 6  # at least this many sequential requests at concurrency 1
 
 
@@ -94,6 +102,20 @@ def messages_for(workload: str, seed: int) -> list[dict]:
         for frame in range(64):
             parts.append(text(f"<|time_start|>{frame * 0.5:.1f} seconds<|time_end|>"))
             parts.append(image(width, height, seed * 100 + frame))
+        parts.append(text(question))
+        return [{"role": "user", "content": parts}]
+    if workload == "video-transcript":
+        # A clip with its subtitles: each frame behind its timestamp, then what is
+        # said there; the clip is every request's, the transcript and question their
+        # own. The text rows after frame f see f + 1 frames: the staircase with the
+        # most cross-attention work per prefill among these workloads.
+        parts = []
+        for frame in range(64):
+            parts.append(text(f"<|time_start|>{frame * 0.5:.1f} seconds<|time_end|>"))
+            parts.append(image(448, 448, 7_000_000 + frame))
+            words = (f"word{(seed * 7919 + frame * 131 + i) % 1000}"
+                     for i in range(TRANSCRIPT_WORDS_PER_FRAME))
+            parts.append(text(" ".join(words)))
         parts.append(text(question))
         return [{"role": "user", "content": parts}]
     if workload == "text":
