@@ -214,6 +214,8 @@ def test_refused(model_dir, extra, flag):
         ("0.5.17", {}, "do not load moss_vl.http_app"),
         ("0.5.17.post1", {}, "do not load moss_vl.http_app"),
         ("0.5.23", {"SGLANG_PLUGINS": "none"}, "leaves the moss_vl plugin out"),
+        ("0.5.23", {"MOSS_VL_DISABLE_HOOKS": "http_server.keyed_tokenizer_workers"},
+         "turns off http_server.keyed_tokenizer_workers"),
         (None, {}, "SGLang is not installed here"),
     ],
 )
@@ -240,6 +242,13 @@ def test_keyed_tokenizer_workers_on_a_line_whose_workers_load_the_plugin(model_d
     assert command.env["SGLANG_HTTP_SERVER_APP_PATH"] == "moss_vl.http_app:app"
     assert "--tokenizer-worker-num" in command.argv and command.secret_config == {"api-key": "k"}
     assert not command.warnings
+
+
+def test_the_refusal_names_the_hook_the_plugin_declares():
+    from moss_vl import presets
+    from moss_vl.hooks import hook_names
+
+    assert presets.KEYED_WORKERS_HOOK in hook_names()
 
 
 def test_a_preview_without_sglang_warns_about_keyed_workers(model_dir):

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from moss_vl import sglang_versions
+from moss_vl.environ import hook_names_of
 
 SGLANG_VERSION = sglang_versions.PINNED
 LAUNCH_MODULE = "sglang.launch_server"
@@ -410,6 +411,9 @@ def _int_value(options: dict[str, _Option], flag: str, default: int) -> int:
 # The lines whose HTTP workers import SGLANG_HTTP_SERVER_APP_PATH (moss_vl.http_app),
 # where the plugin enforces the API key in every tokenizer worker.
 KEYED_WORKER_LINES = (sglang_versions.SGLANG_0_5_23,)
+KEYED_WORKERS_HOOK = "http_server.keyed_tokenizer_workers"
+# build_command's default: the SGLang installed here, looked up only by a check that needs it.
+INSTALLED_SGLANG = object()
 
 
 def _keyed_workers_problem(environ: Mapping[str, str], sglang_version: str | None) -> str | None:
@@ -419,6 +423,11 @@ def _keyed_workers_problem(environ: Mapping[str, str], sglang_version: str | Non
         return (
             f"SGLANG_PLUGINS={plugins} leaves the moss_vl plugin out, and SGLang enforces the "
             "API key only with one tokenizer worker"
+        )
+    if KEYED_WORKERS_HOOK in hook_names_of(environ.get("MOSS_VL_DISABLE_HOOKS", "")):
+        return (
+            f"MOSS_VL_DISABLE_HOOKS turns off {KEYED_WORKERS_HOOK}, without which SGLang's HTTP "
+            "workers refuse to start with an API key"
         )
     if sglang_version is None:
         return (
@@ -444,7 +453,7 @@ def _check_merged(
     environ: Mapping[str, str],
     preview: bool = False,
     keyed: bool = False,
-    sglang_version: str | None = None,
+    sglang_version: str | None | object = INSTALLED_SGLANG,
 ) -> list[str]:
     warnings: list[str] = []
     if "--config" in options:
@@ -463,6 +472,8 @@ def _check_merged(
     # more tokenizer workers the plugin installs it in each (hooks/patch_http_server),
     # which needs a line whose workers import moss_vl.http_app and the plugin loaded.
     if keyed and _int_value(options, "--tokenizer-worker-num", 1) > 1:
+        if sglang_version is INSTALLED_SGLANG:
+            sglang_version = sglang_versions.installed()
         problem = _keyed_workers_problem(environ, sglang_version)
         if problem and preview and sglang_version is None:
             warnings.append(f"--tokenizer-worker-num with an API key: {problem}")
@@ -547,7 +558,7 @@ def build_command(
     visible_source: str = "",
     environ: Mapping[str, str] | None = None,
     preview: bool = False,
-    sglang_version: str | None | object = ...,
+    sglang_version: str | None | object = INSTALLED_SGLANG,
 ) -> ServeCommand:
     """The validated SGLang arguments and environment for `config`.
 
@@ -570,8 +581,6 @@ def build_command(
         for name, value in (("api-key", config.api_key), ("admin-api-key", config.admin_api_key))
         if value
     }
-    if sglang_version is ...:
-        sglang_version = sglang_versions.installed()
     warnings = _check_merged(
         config.device, by_flag, visible, visible_source, env_in, preview,
         keyed=bool(secret_config), sglang_version=sglang_version,

@@ -435,7 +435,7 @@ class _Handler(BaseHTTPRequestHandler):
         start = time.perf_counter()
         time.sleep(config.first_token_delay + config.inter_token_delay * (n_tokens - 1))
         text = "".join(_token(i) for i in range(n_tokens))
-        top_n = int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
+        top_n = _top_logprobs_asked(body)
         doc = {
             "id": rid,
             "object": "chat.completion",
@@ -485,7 +485,7 @@ class _Handler(BaseHTTPRequestHandler):
         start = time.perf_counter()
         sent: list[float] = []
         self._event(chunk({"role": "assistant", "content": ""}))
-        top_n = int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
+        top_n = _top_logprobs_asked(body)
         for i in range(n_tokens):
             time.sleep(config.first_token_delay if i == 0 else config.inter_token_delay)
             event = chunk({"content": _token(i)})
@@ -524,6 +524,11 @@ def _image_urls(body: dict) -> list[str]:
 
 def _token(i: int) -> str:
     return f" tok{i}"
+
+
+def _top_logprobs_asked(body: dict) -> int | None:
+    """How many alternatives each token's logprobs entry lists; None: no logprobs asked."""
+    return int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
 
 
 def _token_logprob(i: int, top_n: int) -> dict:

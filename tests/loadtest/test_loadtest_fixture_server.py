@@ -4,7 +4,7 @@ The load-test assertions are only as good as this server's fidelity, so it is
 held to the OpenAI/SGLang wire format here with a plain HTTP client:
 - a stream is chunked SSE: role chunk, one chunk per token, finish chunk, a
   usage chunk when asked, `data: [DONE]`; a plain request gets one JSON body
-  with `usage`;
+  with `usage`; asked for logprobs, each token carries OpenAI's entry;
 - it refuses with SGLang's error JSON and a 4xx: malformed or non-base64 data
   URIs, unsupported media types, bytes that are not the declared image, images
   Pillow cannot decode, empty message lists, unknown models, wrong API keys;
@@ -110,6 +110,21 @@ def test_plain_request_gets_one_completion_with_usage(fixture_server):
     assert doc["choices"][0]["finish_reason"] == "stop"
     assert doc["usage"]["completion_tokens"] == 4
     assert server.chat_records()[0].images == [("JPEG", 128, 96)]
+    assert doc["choices"][0]["logprobs"] is None  # not asked for
+
+
+def test_plain_request_with_logprobs_gets_one_entry_per_token(fixture_server):
+    server = fixture_server(num_tokens=3)
+    body = {"model": "moss-vl", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 50, "logprobs": True, "top_logprobs": 2}
+    status, raw, _ = post(server, body)
+    assert status == 200
+    entries = json.loads(raw)["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in entries] == [" tok0", " tok1", " tok2"]
+    # The chosen token first among its two alternatives, as OpenAI and SGLang list them.
+    assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["token"] == e["token"]
+               and e["top_logprobs"][0]["logprob"] > e["top_logprobs"][1]["logprob"]
+               for e in entries)
 
 
 @pytest.mark.parametrize(

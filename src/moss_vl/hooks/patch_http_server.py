@@ -18,9 +18,10 @@ One concern, so one self-contained file (the ledger entry lives here;
         in shared memory for the workers (SGLang's own ``read_from_shared_memory``)
         and installs SGLang's own middleware (``add_api_key_middleware``) with their
         keys, as single-tokenizer mode does. This hook then lets the worker's start
-        pass upstream's assert: during ``init_multi_tokenizer`` the worker's copy of
-        the arguments comes without ``api_key`` (the middleware holds it; nothing
-        else in the worker reads it). The main process keeps its key, so its warm-up
+        pass upstream's assert: during ``init_multi_tokenizer`` the module's
+        ``read_from_shared_memory`` hands back the arguments install_worker_auth
+        already read (no second read), without ``api_key`` (the middleware holds it;
+        nothing else in the worker reads it). The main process keeps its key, so its warm-up
         requests carry it. A worker whose app has no middleware (the app path
         pointing elsewhere) keeps upstream's assert and does not start.
     Removal: when SGLang enforces the API key in multi-tokenizer mode.
@@ -47,42 +48,43 @@ logger = logging.getLogger(__name__)
 WORKER_ARGS_SHM = "multi_tokenizer_args_{main_pid}"
 _TARGET = "sglang.srt.entrypoints.http_server.init_multi_tokenizer"
 
-# Set by install_worker_auth: the keys this worker's middleware enforces.
-_enforced: dict[str, str | None] | None = None
+# Set by install_worker_auth: the shared-memory name this worker's main process left
+# its arguments under, and those arguments (port args, server args, scheduler info),
+# read once, when the middleware was installed.
+_worker_args: tuple[str, tuple] | None = None
 
 
-def worker_server_args() -> Any | None:
-    """The server arguments of this HTTP worker's main process, or None when this
-    process is not a multi-tokenizer worker (nothing in shared memory for its parent)."""
+def read_worker_args() -> tuple[str, tuple] | None:
+    """(name, (port args, server args, scheduler info)) of this HTTP worker, or None
+    when this process is not a multi-tokenizer worker (nothing there for its parent)."""
     from sglang.srt.managers.multi_tokenizer_mixin import (
         get_main_process_id,
         read_from_shared_memory,
     )
 
+    name = WORKER_ARGS_SHM.format(main_pid=get_main_process_id())
     try:
-        _port_args, server_args, _info = read_from_shared_memory(
-            WORKER_ARGS_SHM.format(main_pid=get_main_process_id())
-        )
+        return name, read_from_shared_memory(name)
     except FileNotFoundError:
         return None
-    return server_args
 
 
 def install_worker_auth(app: Any) -> bool:
     """In a multi-tokenizer worker: SGLang's API-key middleware on ``app`` with the
     main process's keys (what single-tokenizer mode installs). True when installed."""
-    global _enforced
-    server_args = worker_server_args()
-    if server_args is None:
+    global _worker_args
+    found = read_worker_args()
+    if found is None:
         return False
     from sglang.srt.utils.auth import add_api_key_middleware, app_has_admin_force_endpoints
 
+    server_args = found[1][1]
     api_key = getattr(server_args, "api_key", None)
     admin_api_key = getattr(server_args, "admin_api_key", None)
     if not (api_key or admin_api_key or app_has_admin_force_endpoints(app)):
         return False
     add_api_key_middleware(app, api_key=api_key, admin_api_key=admin_api_key)
-    _enforced = {"api_key": api_key, "admin_api_key": admin_api_key}
+    _worker_args = found
     logger.info(
         "moss_vl: API-key middleware installed in tokenizer worker (api key %s, admin key %s)",
         "set" if api_key else "unset",
@@ -92,20 +94,17 @@ def install_worker_auth(app: Any) -> bool:
 
 
 def worker_init_with_key_enforced(original: Callable, *args, **kwargs):
-    """Around ``init_multi_tokenizer``: its copy of the arguments without the API key
-    when this worker's middleware enforces that key; upstream's start otherwise."""
-    if not (_enforced and _enforced["api_key"]):
+    """Around ``init_multi_tokenizer``: the arguments install_worker_auth read, without
+    the API key its middleware enforces; upstream's start when it enforces none."""
+    if _worker_args is None or not _worker_args[1][1].api_key:
         return original(*args, **kwargs)
+    worker_name, (port_args, server_args, info) = _worker_args
     module = sys.modules[original.__module__]
     read = module.read_from_shared_memory
 
     def read_without_key(name: str):
-        port_args, server_args, info = read(name)
-        if server_args.api_key != _enforced["api_key"]:
-            raise RuntimeError(
-                "moss_vl: the tokenizer worker's API key differs from the one its "
-                "middleware enforces; refusing to start"
-            )
+        if name != worker_name:
+            return read(name)
         server_args.api_key = None
         return port_args, server_args, info
 

@@ -91,8 +91,8 @@ full() {
         step "server: $label"
         start_server "full-$variant" "${env_args[@]}" || return 1
         wait_healthy "full-$variant" "$(at_least_10 $(( $(remaining) - 60 )))" || return 1
-        nvidia-smi --query-gpu=memory.used --format=csv,noheader | sed "s/^/$variant memory.used: /"
-        step "workloads: $variant"
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader | sed "s/^/$label memory.used: /"
+        step "workloads: $label"
         timeout "$(at_least_10 $(( $(remaining) - 30 )))" python3 tests/gpu/e2e/bench_serving.py \
             --variant "$label" --workloads "${FULL_WORKLOADS:-single-image,video,text,mixed-decode}" \
             --concurrency 1,8 --rounds 2 --out "$JSONL" --deadline $(( E2E_DEADLINE - 60 )) \
