@@ -33,7 +33,7 @@ COMPAT_STAMP := $(VENV_COMPAT)/.installed
 COMPAT_TORCH := $(if $(filter $(SGLANG_COMPAT_VERSION),$(SGLANG)),"torch==$(TORCH_COMPAT_VERSION)",$(if $(filter $(SGLANG_VERSION),$(SGLANG)),"torch==$(TORCH_VERSION)",))
 # The plugin's CPU tests, run a second time against SGLang $(SGLANG_COMPAT_VERSION).
 COMPAT_TESTS := tests/test_masks.py tests/test_plugin.py tests/test_metrics.py tests/compat tests/hooks \
-                tests/test_staircase_kernel.py
+                tests/test_staircase_kernel.py tests/test_launch_server.py
 
 # Targets appended by the included fragments (chart, images, loadtest, ...).
 TEST_PREREQS :=

@@ -4,13 +4,15 @@ Contract: importing the CLI loads neither torch, sglang nor kubernetes; flags
 default from the MOSS_VL_* variables and a flag wins; `serve --dry-run` prints
 the command and the environment (text or JSON) and exits 0; refusals exit 2
 and name the flag (and the variable that set it); the API key is never printed;
-`serve` replaces itself with `python -m sglang.launch_server ...` (same pid,
+`serve` replaces itself with `python -m moss_vl.launch_server ...` (same pid,
 SGLang's exit code, SIGTERM delivered to SGLang); `version` reports the
 installed distributions.
 
-The exec tests put a small `sglang/launch_server.py` first on PYTHONPATH: it
-stands in for the SGLang server (which cannot start without an accelerator)
-and only reports what it received.
+SGLang's own launcher runs in it, after the plugins loaded, and a process it
+spawns loads them too. The exec tests put a small `sglang` first on PYTHONPATH:
+its `launch_server` stands in for the SGLang server (which cannot start without
+an accelerator) and only reports what it received, its `load_plugins` records
+the processes it ran in.
 """
 
 from __future__ import annotations
@@ -68,14 +70,14 @@ def test_dry_run_text_cuda(capsys):
     )
     assert code == 0
     assert "SGLANG_PLUGINS=moss_vl" in out
-    assert "-m sglang.launch_server --model-path " + HUB_ID in out
+    assert "-m moss_vl.launch_server --model-path " + HUB_ID in out
     assert "--prefill-attention-backend flashinfer" in out
 
 
 def test_dry_run_json_npu(capsys):
     doc = dry_run_json(capsys, "--device", "npu", "--model-path", HUB_ID)
     assert doc["device"] == "npu"
-    assert doc["argv"][:3] == [sys.executable, "-m", "sglang.launch_server"]
+    assert doc["argv"][:3] == [sys.executable, "-m", "moss_vl.launch_server"]
     assert "--disable-radix-cache" in doc["argv"]
     assert doc["env"] == {
         "SGLANG_PLUGINS": "moss_vl",
@@ -367,12 +369,26 @@ def test_versions_report_torch_npu_and_cann_where_present(monkeypatch, tmp_path)
 SHIM = textwrap.dedent(
     """
     import json, os, signal, sys, time
+    from sglang.srt import plugins
 
     def report(**extra):
         print(json.dumps({"pid": os.getpid(), "argv": sys.argv[1:],
                           "env": {k: os.environ.get(k) for k in
                                   ("SGLANG_PLUGINS", "ASCEND_USE_FA", "MOSS_VL_API_KEY")},
+                          "plugins_loaded_in": plugins.loaded_in,
                           **extra}), flush=True)
+
+    if os.environ.get("SHIM_MODE") == "spawn":
+        # As SGLang starts its scheduler and uvicorn its HTTP workers.
+        import multiprocessing
+        from sglang.srt.probe import loaded_in
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        child = ctx.Process(target=loaded_in, args=(queue,))
+        child.start()
+        report(child=queue.get(timeout=60))
+        child.join(30)
+        sys.exit(0)
 
     if os.environ.get("SHIM_MODE") == "wait":
         def on_term(signum, frame):
@@ -387,6 +403,27 @@ SHIM = textwrap.dedent(
     """
 )
 
+# SGLang's load_plugins, recording the processes it ran in.
+PLUGINS_SHIM = textwrap.dedent(
+    """
+    import os
+    loaded_in = []
+
+    def load_plugins():
+        loaded_in.append(os.getpid())
+    """
+)
+# A spawned process's target: what had loaded the plugins there before it ran.
+PROBE_SHIM = textwrap.dedent(
+    """
+    import os
+
+    def loaded_in(queue):
+        from sglang.srt import plugins
+        queue.put({"pid": os.getpid(), "plugins_loaded_in": plugins.loaded_in})
+    """
+)
+
 
 @pytest.fixture()
 def shim_env(tmp_path):
@@ -394,6 +431,10 @@ def shim_env(tmp_path):
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "launch_server.py").write_text(SHIM)
+    (pkg / "srt" / "plugins").mkdir(parents=True)
+    (pkg / "srt" / "__init__.py").write_text("")
+    (pkg / "srt" / "plugins" / "__init__.py").write_text(PLUGINS_SHIM)
+    (pkg / "srt" / "probe.py").write_text(PROBE_SHIM)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MOSS_VL_", "SGLANG_"))}
     src = str(Path(cli.__file__).resolve().parents[1])
     env.update(PYTHONPATH=os.pathsep.join([str(tmp_path / "shim"), src]), CUDA_VISIBLE_DEVICES="0")
@@ -437,6 +478,19 @@ def test_serve_execs_sglang_and_returns_its_exit_code(shim_env):
     assert "k3y" in Path(reported["argv"][-1]).read_text()
     assert reported["env"]["MOSS_VL_API_KEY"] is None
     assert reported["env"]["SGLANG_PLUGINS"] == "moss_vl"
+    # Loaded once, in this process, before SGLang's launcher ran.
+    assert reported["plugins_loaded_in"] == [proc.pid]
+
+
+def test_a_process_sglang_spawns_loads_the_plugins_before_its_target(shim_env):
+    shim_env["SHIM_MODE"] = "spawn"
+    proc = subprocess.run(serve_cmd(), env=shim_env, capture_output=True, text=True,
+                          check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    reported = json.loads(proc.stdout.splitlines()[-1])
+    child = reported["child"]
+    assert reported["plugins_loaded_in"] == [reported["pid"]]
+    assert child["pid"] != reported["pid"] and child["plugins_loaded_in"] == [child["pid"]], reported
 
 
 def test_sigterm_reaches_sglang(shim_env):

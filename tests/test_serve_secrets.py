@@ -76,7 +76,7 @@ import os, sys
 real = os.execvpe
 standin = sys.argv.pop(1)
 def execvpe(file, argv, env):
-    assert argv[1:3] == ["-m", "sglang.launch_server"], argv
+    assert argv[1:3] == ["-m", "moss_vl.launch_server"], argv
     real(file, [argv[0], standin, *argv[3:]], env)
 os.execvpe = execvpe
 from moss_vl.cli import main

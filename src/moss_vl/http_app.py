@@ -6,7 +6,8 @@ names (default ``sglang.srt.entrypoints.http_server:app``) and nothing else: no
 ``load_plugins()`` runs in them, so the plugin's tokenizer-side hooks (media
 metrics, video errors as 400, features in the serving dtype, key redaction) would
 be missing there while the scheduler has its own. The presets point the variable
-here. SGLang 0.5.17 hard-codes the app path, so there the workers stay unhooked.
+here. SGLang 0.5.17 hard-codes the app path; its workers get the hooks from
+``moss_vl.launch_server`` (the module ``moss-vl serve`` execs), not from here.
 
 In a worker it also installs SGLang's API-key middleware, which upstream leaves
 out of multi-tokenizer mode (``moss_vl.hooks.patch_http_server`` says why and how).

@@ -2,7 +2,8 @@
 
 DESIGN.md §4 as data (`PRESETS`) plus one pure function, `build_command`, that
 turns a typed `ServeConfig` into the argument list for
-`python -m sglang.launch_server` and the environment it needs. Contradictions
+`python -m moss_vl.launch_server` (SGLang's launcher with the plugins loaded in
+every process it spawns) and the environment it needs. Contradictions
 raise `PresetError`, which names the offending flag and the reason; the CLI
 turns it into exit code 2.
 
@@ -26,7 +27,9 @@ from moss_vl import sglang_versions
 from moss_vl.environ import hook_names_of
 
 SGLANG_VERSION = sglang_versions.PINNED
-LAUNCH_MODULE = "sglang.launch_server"
+# SGLang's own launcher, run by a module that loads the plugins first in every
+# process SGLang spawns (HTTP workers included): moss_vl/launch_server.py.
+LAUNCH_MODULE = "moss_vl.launch_server"
 DEFAULT_HOST = "0.0.0.0"
 DEFAULT_PORT = 30000
 HEALTH_PATH = "/health"
@@ -200,7 +203,7 @@ class _Option:
 @dataclass(frozen=True)
 class ServeCommand:
     device: str
-    argv: tuple[str, ...]  # arguments after `python -m sglang.launch_server`
+    argv: tuple[str, ...]  # arguments after `python -m moss_vl.launch_server`: SGLang's
     env: dict[str, str]  # variables moss-vl sets on top of the inherited environment
     model_path: str = ""
     warnings: tuple[str, ...] = ()  # what a preview let through (e.g. a path of the pod)

@@ -211,7 +211,7 @@ def test_server_dry_run(scenario, checkpoint, state):
         ct = server_contract(objects, deployment, state, model_dir, ["--dry-run"])
         proc = replay.run(ct, state, timeout=120, capture_output=True, text=True)
         assert proc.returncode == 0, f"{replay.describe(ct)}\n{proc.stdout}{proc.stderr}"
-        assert "sglang.launch_server" in proc.stdout
+        assert "moss_vl.launch_server" in proc.stdout
 
 
 def test_lock_report_names_the_packages_that_matter():

@@ -179,8 +179,10 @@ applies it inside the very call it would have to follow.
 And ``moss_vl.http_app``: with ``--tokenizer-worker-num`` above 1, SGLang 0.5.23's
 HTTP worker processes import only the app ``SGLANG_HTTP_SERVER_APP_PATH`` names
 and never call ``load_plugins()``; the presets name ``moss_vl.http_app:app``, which
-loads the plugin and then exposes SGLang's own app (0.5.17 hard-codes the path:
-its HTTP workers stay without the tokenizer-side hooks).
+loads the plugin and then exposes SGLang's own app. And ``moss_vl.launch_server``,
+the module ``moss-vl serve`` execs: SGLang's launcher, which a spawned process (an
+HTTP worker too, on 0.5.17, which hard-codes the app path) runs again as its main
+module, so ``load_plugins()`` runs there before the process's target.
 
 Versions: every hook fits every line in moss_vl.sglang_versions unless it
 says otherwise; tests/compat/upstream_sources.json records the normalised

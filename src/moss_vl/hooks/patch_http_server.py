@@ -28,7 +28,8 @@ One concern, so one self-contained file (the ledger entry lives here;
     Upstream: no issue or PR found (searched 2026-12-02).
 
 SGLang 0.5.17 hard-codes the workers' app path (``moss_vl.http_app`` is never
-imported there), so the hook is declared for 0.5.23 only and ``moss-vl serve``
+imported there: the workers load the plugin through ``moss_vl.launch_server``, but
+their app has no middleware), so the hook is declared for 0.5.23 only and ``moss-vl serve``
 keeps refusing a key with more than one tokenizer worker on 0.5.17.
 """
 

@@ -279,7 +279,7 @@ def cmd_dry_run(args, results: Results) -> int:
     def value(flag):
         return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
 
-    results.check(section, "launches sglang.launch_server", "sglang.launch_server" in argv,
+    results.check(section, "launches moss_vl.launch_server", "moss_vl.launch_server" in argv,
                   " ".join(argv[:3]))
     results.check(section, "--prefill-attention-backend flashinfer (cuda preset)",
                   value("--prefill-attention-backend") == "flashinfer",
