@@ -19,8 +19,11 @@ the masked paths and the whole area for FA3 unmasked. bf16, 32/8 heads,
 head_dim 128, page size 1. Outputs are compared before timing.
 
 Usage (on the H200, see tests/gpu/README.md):
-python benchmarks/bench_cross_attention_layouts_gpu.py [out.json] [--sweep]
-(--sweep times the kernel's launch configurations on video-64f and long-doc).
+python benchmarks/bench_cross_attention_layouts_gpu.py [out.json] [--sweep] [--variants]
+    [--layouts=NAME,...]
+(--sweep times the kernel's launch configurations on video-64f and long-doc;
+--variants times the experimental kernels of staircase_variants.py against the
+product kernel there, side by side on the same case, and checks their outputs).
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ from flashinfer_paths import (  # noqa: E402
     run_triton,
 )
 from sglang_batches import BatchSpec, RequestSpec, mask_requests_of  # noqa: E402
+
+import staircase_variants  # noqa: E402
 
 from moss_vl import masks, staircase_kernel  # noqa: E402
 
@@ -122,7 +127,8 @@ LAYOUTS = {
                       + [video(), long_document()] + [text_only() for _ in range(3)]),
 }
 
-CONFIGS = [(128, 8, 3), (128, 8, 4), (128, 4, 3), (64, 4, 3), (64, 4, 4), (64, 8, 3)]
+CONFIGS = [(128, 8, 3), (128, 8, 4), (128, 8, 2), (128, 4, 3), (64, 4, 3), (64, 4, 4), (64, 4, 2),
+           (64, 8, 3)]
 
 
 def cuda_case(spec):
@@ -232,7 +238,128 @@ def measure(name, make, sync):
                 except Exception as exc:
                     sweep[f"rows{block_rows}_n{cfg[0]}_w{cfg[1]}_s{cfg[2]}"] = f"{type(exc).__name__}: {str(exc)[:80]}"
         r["sweep"] = sweep
+    if "--variants" in sys.argv and name in ("video-64f", "long-doc"):
+        r["variants"] = time_variants(case, w_tri)
     return r
+
+
+def _config_name(cfg):
+    return f"n{cfg[0]}_w{cfg[1]}_s{cfg[2]}"
+
+
+def _error(exc):
+    return f"{type(exc).__name__}: {str(exc)[:160]}"
+
+
+def time_variants(case, wrapper):
+    """The product kernel and every variant of staircase_variants.py on this case, side by
+    side: at the product's launch configuration for the case and at 2 and 4 stages, each on
+    the hook's plan and on the plan grouped by request (tile_order_by_request). tma_contiguous
+    (and, to tell TMA from contiguity, the product kernel: product_on_copy) read a gathered
+    contiguous copy of the encoder K/V; the copy is timed with the kernel too (+copy). Two
+    rounds, the second in reverse order, so a drift of the clocks lands on every candidate;
+    each entry keeps both medians. Outputs are compared with the product kernel's first."""
+    q, k_pool, v_pool, scale = case.query, case.k_cache, case.v_cache, case.scale
+    plan, kv_indices = wrapper.tiles, wrapper.kv_indices
+    base = staircase_kernel.config_for(plan)
+    configs = [base] + [(base[0], base[1], s) for s in (2, 4) if s != base[2]]
+    plans = {"": plan, "+by_request": staircase_variants.plan_by_request(plan)}
+    # The hook's kv_indices carry upstream's slack (256 unset entries) past the encoders.
+    gather = kv_indices[: int(case.encoder_lens.sum())].long()
+    k_copy, v_copy = k_pool[gather], v_pool[gather]  # request r's encoder at its kv_offset
+    identity = torch.arange(gather.numel(), dtype=torch.int32, device=q.device)
+    out = torch.empty_like(q)
+    kernels = {
+        "product": lambda p, c: staircase_kernel.staircase_prefill(
+            q, k_pool, v_pool, kv_indices, p, scale, out=out, config=c),
+        "finite_init": lambda p, c: staircase_variants.finite_init(
+            q, k_pool, v_pool, kv_indices, p, scale, out=out, config=c),
+        "k_transposed": lambda p, c: staircase_variants.k_transposed(
+            q, k_pool, v_pool, kv_indices, p, scale, out=out, config=c),
+        "product_on_copy": lambda p, c: staircase_kernel.staircase_prefill(
+            q, k_copy, v_copy, identity, p, scale, out=out, config=c),
+        # Last (the one new to the hardware path: TMA): a fault there, which would end the
+        # CUDA context, comes after everything else has been checked.
+        "tma_contiguous": lambda p, c: staircase_variants.tma_contiguous(
+            q, k_copy, v_copy, None, p, scale, out=out, config=c),
+    }
+
+    def with_copy(p, c):
+        k, v = k_pool[gather], v_pool[gather]
+        return staircase_variants.tma_contiguous(q, k, v, None, p, scale, out=out, config=c)
+
+    entries = []  # (candidate, config, fn)
+    for kernel_name, run in kernels.items():
+        for plan_name, p in plans.items():
+            name = "tile_order_by_request" if (kernel_name, plan_name) == ("product", "+by_request") \
+                else kernel_name + plan_name
+            for cfg in configs:
+                entries.append((name, cfg, lambda run=run, p=p, cfg=cfg: run(p, cfg)))
+    for plan_name, p in plans.items():
+        entries.append(("tma_contiguous+copy" + plan_name, base, lambda p=p: with_copy(p, base)))
+    reference = kernels["product"](plan, base).clone()
+    results: dict[str, dict] = {}
+    for name, cfg, fn in entries:
+        row = results.setdefault(name, {}).setdefault(_config_name(cfg), {})
+        try:
+            out.fill_(float("nan"))  # every element must be written
+            fn()
+            torch.cuda.synchronize()
+            row["max_diff"] = (out.float() - reference.float()).abs().max().item()
+            row["nan"] = bool(torch.isnan(out).any())
+        except Exception as exc:
+            row["error"] = _error(exc)
+    for round_ in (entries, entries[::-1]):
+        for name, cfg, fn in round_:
+            row = results[name][_config_name(cfg)]
+            if "error" in row:
+                continue
+            try:
+                row.setdefault("rounds", []).append(kernel_seconds(fn))
+            except Exception as exc:
+                row["error"] = _error(exc)
+    for rows in results.values():
+        for row in rows.values():
+            if "error" not in row:
+                row["seconds"] = sum(row["rounds"]) / len(row["rounds"])
+    return {
+        "base_config": _config_name(base), "configs": [_config_name(c) for c in configs],
+        "copy_seconds": kernel_seconds(lambda: (k_pool[gather], v_pool[gather])),
+        "tensor_descriptors": staircase_variants.tensor_descriptor_available() or "available",
+        "entries": results,
+    }
+
+
+def print_variants(results):
+    """One table per layout timed with --variants: candidates x configurations, and each
+    candidate at the base configuration against the product kernel there."""
+    for name, r in results.items():
+        var = r.get("variants")
+        if not var:
+            continue
+        base, configs = var["base_config"], var["configs"]
+        product = var["entries"]["product"][base].get("seconds")
+        print(f"\nvariants on {name} (copy {fmt_seconds(var['copy_seconds'])}; "
+              f"tensor descriptors {var['tensor_descriptors']})")
+        print(f"(speed-up: the product kernel's time over the candidate's at {base}, > 1 is faster; "
+              f"max diff against the product kernel's output)")
+        print(f"{'candidate':30} " + " ".join(f"{c:>11}" for c in configs)
+              + f" {'speed-up':>9} {'max diff':>9} {'nan':>5}")
+        for cand, rows in var["entries"].items():
+            cells = []
+            for c in configs:
+                row = rows.get(c)
+                cells.append(" " * 11 if row is None else "      error" if "error" in row
+                             else fmt_seconds(row["seconds"]))
+            at_base = rows.get(base, {})
+            ratio = (f"{product / at_base['seconds']:>8.3f}x" if product and "seconds" in at_base
+                     else " " * 9)
+            diff = f"{at_base['max_diff']:>9.2e}" if "max_diff" in at_base else " " * 9
+            nan = f"{str(at_base.get('nan', '')):>5}"
+            print(f"{cand:30} " + " ".join(cells) + f" {ratio} {diff} {nan}")
+            for c, row in rows.items():
+                if "error" in row:
+                    print(f"    {c}: {row['error']}")
 
 
 def main() -> None:
@@ -243,7 +370,10 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} "
           f"flashinfer {flashinfer.__version__}, bf16, heads {HEADS}/{KV_HEADS}, head_dim {HEAD_DIM}")
     results = {}
+    chosen = [a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--layouts=")]
     for name, make in LAYOUTS.items():
+        if chosen and name not in chosen[0]:
+            continue
         r = results[name] = measure(name, make, sync)
         print(name, json.dumps(r, default=float), flush=True)
         torch.cuda.empty_cache()
@@ -267,6 +397,7 @@ def main() -> None:
               f"{tri_tf:>8.0f} {fa3_tf:>8.0f} {tri_tf / fa3_tf:>6.0%} | {r['prep_plus_run_x']:>9.2f}x | "
               f"{r['max_diff_triton_vs_mask']:.2e}")
     print("\n" + json.dumps(results, indent=1, default=float))
+    print_variants(results)  # last: the part of a long log one reads first
     paths = [a for a in sys.argv[1:] if not a.startswith("--")]
     if paths:
         Path(paths[0]).write_text(json.dumps(results, indent=1, default=float))
