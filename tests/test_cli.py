@@ -534,3 +534,14 @@ def test_serve_without_sglang_says_so(shim_env):
     )
     assert proc.returncode == 1, proc.stderr
     assert "SGLang is not installed" in proc.stderr
+
+
+def test_dry_run_sizes_tokenizer_workers_by_the_cpus_it_may_use(capsys, monkeypatch):
+    from moss_vl import device
+
+    monkeypatch.setattr(device, "usable_cpus", lambda: 16)
+    argv = dry_run_json(capsys, "--device", "cuda", "--model-path", HUB_ID)["argv"]
+    assert argv[argv.index("--tokenizer-worker-num") + 1] == "8"
+    monkeypatch.setattr(device, "usable_cpus", lambda: 2)
+    assert "--tokenizer-worker-num" not in dry_run_json(capsys, "--device", "cuda",
+                                                        "--model-path", HUB_ID)["argv"]

@@ -395,3 +395,71 @@ def test_secrets_are_masked_for_display():
     shown = " ".join(presets.mask_secrets(["--api-key", "s3cr3t", "--admin-api-key=adm1n"]))
     assert "s3cr3t" not in shown and "adm1n" not in shown
     assert f"--api-key {presets.MASK}" in shown and f"--admin-api-key={presets.MASK}" in shown
+
+
+# ---- tokenizer workers ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "device, cpus, workers",
+    [("cuda", 16, 8), ("cuda", 128, 8), ("cuda", 8, 4), ("cuda", 3, 1), ("cuda", None, 1),
+     ("npu", 16, 1)],
+)
+def test_auto_tokenizer_workers(device, cpus, workers):
+    assert presets.auto_tokenizer_workers(device, cpus) == workers
+
+
+def test_the_cuda_preset_runs_a_tokenizer_worker_per_two_cpus(sglang_parser, model_dir):
+    argv = build_command(ServeConfig(device="cuda", model_path=model_dir), visible=1, cpus=16).argv
+    assert parse(sglang_parser, argv).tokenizer_worker_num == 8
+    # Unknown CPUs, too few of them, or the npu preset: SGLang's one process (no flag).
+    for device, cpus in (("cuda", None), ("cuda", 3), ("npu", 16)):
+        argv = build_command(ServeConfig(device=device, model_path=model_dir), visible=1,
+                             cpus=cpus).argv
+        assert "--tokenizer-worker-num" not in argv
+        assert parse(sglang_parser, argv).tokenizer_worker_num == 1
+
+
+def test_the_operators_tokenizer_worker_count_wins(sglang_parser, model_dir):
+    for asked in ("1", "3"):
+        argv = build_command(
+            ServeConfig(device="cuda", model_path=model_dir,
+                        extra_args=("--tokenizer-worker-num", asked)),
+            visible=1, cpus=16,
+        ).argv
+        assert argv.count("--tokenizer-worker-num") == 1
+        assert parse(sglang_parser, argv).tokenizer_worker_num == int(asked)
+
+
+@pytest.mark.parametrize(
+    "version, environ, workers",
+    [("0.5.23", {"SGLANG_PLUGINS": "moss_vl"}, 8), ("0.5.17", {}, 1), (None, {}, 1),
+     ("0.5.23", {"SGLANG_PLUGINS": "none"}, 1)],
+)
+def test_a_keyed_server_gets_workers_only_where_each_enforces_the_key(
+    sglang_parser, model_dir, version, environ, workers
+):
+    command = build_command(
+        ServeConfig(device="cuda", model_path=model_dir, api_key="k"),
+        visible=1, cpus=16, environ=environ, sglang_version=version,
+    )
+    assert parse(sglang_parser, command.argv).tokenizer_worker_num == workers
+    if workers == 1:
+        assert any("--tokenizer-worker-num stays 1 (not 8)" in w for w in command.warnings)
+    else:
+        assert not command.warnings
+
+
+def test_usable_cpus_follow_the_cgroup_quota(tmp_path):
+    import os
+
+    from moss_vl.device import usable_cpus
+
+    affinity = len(os.sched_getaffinity(0))
+    assert usable_cpus(str(tmp_path)) == affinity  # no cpu.max: no quota
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert usable_cpus(str(tmp_path)) == affinity
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: 2 may run at once
+    assert usable_cpus(str(tmp_path)) == min(affinity, 2)
+    (tmp_path / "cpu.max").write_text("50000 100000\n")
+    assert usable_cpus(str(tmp_path)) == 1

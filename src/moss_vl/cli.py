@@ -369,8 +369,11 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
         # count is not knowable, so it is not checked.
         visible = None
     try:
+        from moss_vl.device import usable_cpus
+
         command = build_command(
-            config, visible=visible, visible_source=visible_source, preview=args.dry_run
+            config, visible=visible, visible_source=visible_source, preview=args.dry_run,
+            cpus=usable_cpus(),
         )
         if not args.dry_run:
             check_checkpoint(command.model_path)

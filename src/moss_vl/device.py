@@ -122,6 +122,20 @@ def visible_accelerators(
     return count or None
 
 
+def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """CPUs this process may run on: its affinity, capped by a cgroup v2 CPU quota
+    (a container's CPU limit) where one is set."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        with open(os.path.join(cgroup_root, "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        return cpus
+    if quota == "max":
+        return cpus
+    return max(1, min(cpus, -(-int(quota) // int(period))))
+
+
 def resolve_attn_implementation(device: str) -> str:
     """`attn_implementation` for plain transformers use of MOSS-VL on `device`.
 

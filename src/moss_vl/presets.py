@@ -121,6 +121,23 @@ ALIASES: dict[str, str] = {
     "--attention-context-parallel-size": "--attn-cp-size",
 }
 
+# The cuda preset's --tokenizer-worker-num: one HTTP/tokenizer process per
+# CPUS_PER_TOKENIZER_WORKER CPUs the server may use, at most
+# MAX_TOKENIZER_WORKERS. With SGLang's one process a request's image and video
+# processing queues behind every other's; 8 on the H200's 16 cores took 64-frame
+# video TTFT at concurrency 8 from 14.2 s to 3.5 s (docs/e2e.md, 2026-12-02). The
+# npu preset keeps SGLang's one (not measured on Ascend).
+MAX_TOKENIZER_WORKERS = 8
+CPUS_PER_TOKENIZER_WORKER = 2
+
+
+def auto_tokenizer_workers(device: str, cpus: int | None) -> int:
+    """The preset's tokenizer worker count for ``cpus`` usable CPUs (None: unknown, 1)."""
+    if device != "cuda" or not cpus:
+        return 1
+    return max(1, min(MAX_TOKENIZER_WORKERS, cpus // CPUS_PER_TOKENIZER_WORKER))
+
+
 # Flags that switch the radix cache back on (or need it) in SGLang 0.5.23.
 RADIX_CACHE_FLAGS: dict[str, str] = {
     "--enable-hierarchical-cache": "the hierarchical cache is a tier of the radix cache",
@@ -351,7 +368,7 @@ def _check_config(config: ServeConfig) -> None:
         raise PresetError("--cuda-graph-bs", f"{list(graph_bs)}: batch sizes must be >= 1")
 
 
-def _preset_options(config: ServeConfig, tp: int) -> list[_Option]:
+def _preset_options(config: ServeConfig, tp: int, tokenizer_workers: int = 1) -> list[_Option]:
     preset = PRESETS[config.device]
     options = [_Option("--model-path", [config.model_path or ""])]
     if config.served_model_name:
@@ -372,6 +389,8 @@ def _preset_options(config: ServeConfig, tp: int) -> list[_Option]:
         options.append(_Option("--context-length", [str(config.context_length)]))
     if config.max_running_requests is not None:
         options.append(_Option("--max-running-requests", [str(config.max_running_requests)]))
+    if tokenizer_workers > 1:
+        options.append(_Option("--tokenizer-worker-num", [str(tokenizer_workers)]))
     return options
 
 
@@ -562,8 +581,13 @@ def build_command(
     environ: Mapping[str, str] | None = None,
     preview: bool = False,
     sglang_version: str | None | object = INSTALLED_SGLANG,
+    cpus: int | None = None,
 ) -> ServeCommand:
     """The validated SGLang arguments and environment for `config`.
+
+    `cpus`: the CPUs the server may use (None: unknown); the cuda preset runs
+    `auto_tokenizer_workers` HTTP/tokenizer processes for them unless the extra
+    arguments give `--tokenizer-worker-num`.
 
     `sglang_version`: the SGLang the server will run (default: the installed one;
     None: not installed), for checks that depend on its line.
@@ -577,14 +601,29 @@ def build_command(
     env_in = os.environ if environ is None else environ
     _check_config(config)
     tp = config.tp if config.tp is not None else (visible or 1)
-    options = merge_options(_preset_options(config, tp), parse_extra_args(config.extra_args))
-    by_flag = {opt.flag: opt for opt in options}
+    extra = parse_extra_args(config.extra_args)
     secret_config = {
         name: value
         for name, value in (("api-key", config.api_key), ("admin-api-key", config.admin_api_key))
         if value
     }
-    warnings = _check_merged(
+    warnings: list[str] = []
+    workers = auto_tokenizer_workers(config.device, cpus)
+    if workers > 1 and any(opt.flag == "--tokenizer-worker-num" for opt in extra):
+        workers = 1  # the operator's count wins (merged below)
+    if workers > 1 and secret_config:
+        # A keyed server gets more workers only where the key is enforced in each;
+        # elsewhere the default stays SGLang's one (a count the operator asks for
+        # is refused there instead, by _check_merged).
+        if sglang_version is INSTALLED_SGLANG:
+            sglang_version = sglang_versions.installed()
+        problem = _keyed_workers_problem(env_in, sglang_version)
+        if problem:
+            warnings.append(f"--tokenizer-worker-num stays 1 (not {workers}): {problem}")
+            workers = 1
+    options = merge_options(_preset_options(config, tp, workers), extra)
+    by_flag = {opt.flag: opt for opt in options}
+    warnings += _check_merged(
         config.device, by_flag, visible, visible_source, env_in, preview,
         keyed=bool(secret_config), sglang_version=sglang_version,
     )
