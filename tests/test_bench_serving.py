@@ -208,3 +208,17 @@ def test_video_720p_costs_what_docs_video_md_says(bench, tmp_path):
     assert grid.tolist() == [[1, 44, 80]], list(out)
     assert 64 * (44 * 80 // 4 + 1) == 56384
     assert "video-720p" not in bench.WORKLOADS and "video-720p" in bench.EXTRA_WORKLOADS
+
+
+def test_warm_up_sends_its_requests_at_once_before_the_timed_ones(bench, fixture_server, tmp_path):
+    server = fixture_server(num_tokens=2, first_token_delay=0.3)
+    assert bench.main(["--url", server.url, "--variant", "a", "--workloads", "text",
+                       "--concurrency", "1", "--rounds", "1", "--warmup-concurrency", "3",
+                       "--out", str(tmp_path / "runs.jsonl")]) == 0
+    chats = server.chat_records()
+    assert len(chats) == 3 + bench.C1_REQUESTS
+    warm = [r.body["messages"] for r in chats[:3]]
+    assert len({json.dumps(m) for m in warm}) == 3  # three different prompts
+    # At once: all three were in flight together (each takes 0.3 s to its first token).
+    starts = sorted(r.received_at for r in chats[:3])
+    assert starts[-1] - starts[0] < 0.3

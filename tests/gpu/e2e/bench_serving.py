@@ -355,6 +355,8 @@ def main(argv=None) -> int:
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--warmup-concurrency", type=int, default=1,
+                        help="warm-up requests sent at once per workload before the timed ones")
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--deadline", type=float, default=0,
@@ -375,10 +377,17 @@ def main(argv=None) -> int:
     if not args.variant:
         parser.error("--variant is required to measure")
     client = Client(args.url, args.model, args.timeout)
-    # Warm-up: kernels and graphs a workload needs first are compiled outside the window.
+    # Warm-up: kernels and graphs a workload needs first are compiled outside the window,
+    # and with --warmup-concurrency N (2x the server's --tokenizer-worker-num) every HTTP
+    # worker most likely takes a first request, which pays that worker's start-up.
     for workload in args.workloads.split(","):
         kind = "single-image" if workload == "mixed-decode" else workload
-        client.stream(messages_for(kind, 999_999), 4)
+        warm = [threading.Thread(target=client.stream, args=(messages_for(kind, 999_999 - i), 4))
+                for i in range(max(1, args.warmup_concurrency))]
+        for t in warm:
+            t.start()
+        for t in warm:
+            t.join()
     with open(args.out, "a") as out:
         for workload in args.workloads.split(","):
             for conc in (int(c) for c in args.concurrency.split(",")):

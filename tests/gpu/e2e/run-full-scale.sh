@@ -18,6 +18,8 @@
 # FULL_LOGPROBS=1: every request also asks for its tokens' top-2 logprobs, so the
 # comparison gives each divergence its position and top-2 gap (a near-tie or not);
 # it costs decode time, so a run for speed numbers leaves it off.
+# FULL_CONCURRENCY (1,8), FULL_ROUNDS (2): bench_serving.py's; FULL_WARMUP_CONCURRENCY
+# (1): warm-up requests at once per workload, 2x the tokenizer workers to warm each.
 set -uo pipefail
 cd "$(dirname "$0")/../../.." || exit 2
 # shellcheck source=tests/gpu/e2e/lib.sh
@@ -95,7 +97,8 @@ full() {
         step "workloads: $label"
         timeout "$(at_least_10 $(( $(remaining) - 30 )))" python3 tests/gpu/e2e/bench_serving.py \
             --variant "$label" --workloads "${FULL_WORKLOADS:-single-image,video,text,mixed-decode}" \
-            --concurrency 1,8 --rounds 2 --out "$JSONL" --deadline $(( E2E_DEADLINE - 60 )) \
+            --concurrency "${FULL_CONCURRENCY:-1,8}" --rounds "${FULL_ROUNDS:-2}" --out "$JSONL" \
+            --deadline $(( E2E_DEADLINE - 60 )) --warmup-concurrency "${FULL_WARMUP_CONCURRENCY:-1}" \
             "${LOGPROBS[@]}"
         curl -s "$URL/metrics" | grep -E '^moss_vl:(mask_bytes|cross_attention_mask_path)' \
             | sed "s/^/$label /" >>"$WORK/metrics.txt"
