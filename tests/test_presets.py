@@ -463,3 +463,13 @@ def test_usable_cpus_follow_the_cgroup_quota(tmp_path):
     assert usable_cpus(str(tmp_path)) == min(affinity, 2)
     (tmp_path / "cpu.max").write_text("50000 100000\n")
     assert usable_cpus(str(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("flag, values", [("--grpc-port", ["50051"]), ("--encoder-only", []),
+                                          ("--max-ep-size", ["16"])])
+def test_serving_modes_with_one_tokenizer_process_keep_one(sglang_parser, model_dir, flag, values):
+    assert flag in sglang_parser._option_string_actions
+    command = build_command(ServeConfig(device="cuda", model_path=model_dir,
+                                        extra_args=(flag, *values)), visible=1, cpus=16)
+    assert "--tokenizer-worker-num" not in command.argv
+    assert any(flag in w and "stays 1" in w for w in command.warnings), command.warnings

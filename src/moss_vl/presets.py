@@ -131,6 +131,18 @@ MAX_TOKENIZER_WORKERS = 8
 CPUS_PER_TOKENIZER_WORKER = 2
 
 
+# Serving modes that take one tokenizer process (SGLang refuses more, or has no
+# HTTP workers): with one of these flags the preset leaves the count at one.
+SINGLE_TOKENIZER_FLAGS: dict[str, str] = {
+    "--grpc-port": "SGLang's native gRPC server takes one tokenizer process",
+    "--smg-grpc-mode": "the gRPC server has no HTTP workers",
+    "--grpc-mode": "the gRPC server has no HTTP workers",
+    "--use-ray": "the Ray launch path runs its own HTTP server",
+    "--encoder-only": "an encoder-only server has its own HTTP server",
+    "--max-ep-size": "Elastic EP scale-up requires one tokenizer process",
+}
+
+
 def auto_tokenizer_workers(device: str, cpus: int | None) -> int:
     """The preset's tokenizer worker count for ``cpus`` usable CPUs (None: unknown, 1)."""
     if device != "cuda" or not cpus:
@@ -611,6 +623,11 @@ def build_command(
     workers = auto_tokenizer_workers(config.device, cpus)
     if workers > 1 and any(opt.flag == "--tokenizer-worker-num" for opt in extra):
         workers = 1  # the operator's count wins (merged below)
+    single = sorted({opt.flag for opt in extra} & SINGLE_TOKENIZER_FLAGS.keys())
+    if workers > 1 and single:
+        warnings.append(f"--tokenizer-worker-num stays 1 (not {workers}): {single[0]}: "
+                        f"{SINGLE_TOKENIZER_FLAGS[single[0]]}")
+        workers = 1
     if workers > 1 and secret_config:
         # A keyed server gets more workers only where the key is enforced in each;
         # elsewhere the default stays SGLang's one (a count the operator asks for
