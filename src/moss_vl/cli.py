@@ -58,9 +58,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "serve",
         help="build the SGLang command from the device preset and exec it",
         description=(
-            "Build `python -m moss_vl.launch_server ...` (SGLang's launcher) from the device preset, merge the "
-            "SGLang arguments given after `--` (they win over the preset), validate, print "
-            "and exec it. Every flag defaults from its MOSS_VL_* variable."
+            "Build `python -m moss_vl.launch_server ...` (SGLang's launcher) from the device "
+            "preset, merge the SGLang arguments given after `--` (they win over the preset), "
+            "validate, print and exec it. Every flag defaults from its MOSS_VL_* variable."
         ),
         usage="moss-vl serve [options] [-- SGLANG_ARGS ...]",
     )

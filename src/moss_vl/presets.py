@@ -586,6 +586,35 @@ def _check_merged(
     return warnings
 
 
+def _tokenizer_workers(
+    device: str,
+    cpus: int | None,
+    extra: list[_Option],
+    keyed: bool,
+    environ: Mapping[str, str],
+    sglang_version: str | None | object,
+) -> tuple[int, list[str]]:
+    """The preset's --tokenizer-worker-num (1: not emitted) and why it stayed 1."""
+    workers = auto_tokenizer_workers(device, cpus)
+    flags = {opt.flag for opt in extra}
+    if workers == 1 or "--tokenizer-worker-num" in flags:
+        return 1, []  # the operator's count, if any, is merged and checked as given
+    single = sorted(flags & SINGLE_TOKENIZER_FLAGS.keys())
+    if single:
+        why = f"{single[0]}: {SINGLE_TOKENIZER_FLAGS[single[0]]}"
+    elif keyed:
+        # More workers only where the key is enforced in each; a count the operator
+        # asks for is refused there instead (_check_merged).
+        if sglang_version is INSTALLED_SGLANG:
+            sglang_version = sglang_versions.installed()
+        why = _keyed_workers_problem(environ, sglang_version)
+    else:
+        why = None
+    if why:
+        return 1, [f"--tokenizer-worker-num stays 1 (not {workers}): {why}"]
+    return workers, []
+
+
 def build_command(
     config: ServeConfig,
     visible: int | None = None,
@@ -619,25 +648,8 @@ def build_command(
         for name, value in (("api-key", config.api_key), ("admin-api-key", config.admin_api_key))
         if value
     }
-    warnings: list[str] = []
-    workers = auto_tokenizer_workers(config.device, cpus)
-    if workers > 1 and any(opt.flag == "--tokenizer-worker-num" for opt in extra):
-        workers = 1  # the operator's count wins (merged below)
-    single = sorted({opt.flag for opt in extra} & SINGLE_TOKENIZER_FLAGS.keys())
-    if workers > 1 and single:
-        warnings.append(f"--tokenizer-worker-num stays 1 (not {workers}): {single[0]}: "
-                        f"{SINGLE_TOKENIZER_FLAGS[single[0]]}")
-        workers = 1
-    if workers > 1 and secret_config:
-        # A keyed server gets more workers only where the key is enforced in each;
-        # elsewhere the default stays SGLang's one (a count the operator asks for
-        # is refused there instead, by _check_merged).
-        if sglang_version is INSTALLED_SGLANG:
-            sglang_version = sglang_versions.installed()
-        problem = _keyed_workers_problem(env_in, sglang_version)
-        if problem:
-            warnings.append(f"--tokenizer-worker-num stays 1 (not {workers}): {problem}")
-            workers = 1
+    workers, warnings = _tokenizer_workers(
+        config.device, cpus, extra, bool(secret_config), env_in, sglang_version)
     options = merge_options(_preset_options(config, tp, workers), extra)
     by_flag = {opt.flag: opt for opt in options}
     warnings += _check_merged(
