@@ -506,8 +506,6 @@ def _check_merged(
     # more tokenizer workers the plugin installs it in each (hooks/patch_http_server),
     # which needs a line whose workers import moss_vl.http_app and the plugin loaded.
     if keyed and _int_value(options, "--tokenizer-worker-num", 1) > 1:
-        if sglang_version is INSTALLED_SGLANG:
-            sglang_version = sglang_versions.installed()
         problem = _keyed_workers_problem(environ, sglang_version)
         if problem and preview and sglang_version is None:
             warnings.append(f"--tokenizer-worker-num with an API key: {problem}")
@@ -592,7 +590,7 @@ def _tokenizer_workers(
     extra: list[_Option],
     keyed: bool,
     environ: Mapping[str, str],
-    sglang_version: str | None | object,
+    sglang_version: str | None,
 ) -> tuple[int, list[str]]:
     """The preset's --tokenizer-worker-num (1: not emitted) and why it stayed 1."""
     workers = auto_tokenizer_workers(device, cpus)
@@ -605,8 +603,6 @@ def _tokenizer_workers(
     elif keyed:
         # More workers only where the key is enforced in each; a count the operator
         # asks for is refused there instead (_check_merged).
-        if sglang_version is INSTALLED_SGLANG:
-            sglang_version = sglang_versions.installed()
         why = _keyed_workers_problem(environ, sglang_version)
     else:
         why = None
@@ -648,6 +644,13 @@ def build_command(
         for name, value in (("api-key", config.api_key), ("admin-api-key", config.admin_api_key))
         if value
     }
+    if secret_config and sglang_version is INSTALLED_SGLANG and (
+        auto_tokenizer_workers(config.device, cpus) > 1
+        or _int_value({opt.flag: opt for opt in extra}, "--tokenizer-worker-num", 1) > 1
+    ):
+        # Which SGLang runs matters only to a keyed server with more than one
+        # worker; looked up once, for both checks below.
+        sglang_version = sglang_versions.installed()
     workers, warnings = _tokenizer_workers(
         config.device, cpus, extra, bool(secret_config), env_in, sglang_version)
     options = merge_options(_preset_options(config, tp, workers), extra)
