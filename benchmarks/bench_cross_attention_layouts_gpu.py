@@ -22,8 +22,11 @@ Usage (on the H200, see tests/gpu/README.md):
 python benchmarks/bench_cross_attention_layouts_gpu.py [out.json] [--sweep] [--variants]
     [--layouts=NAME,...]
 (--sweep times the kernel's launch configurations on video-64f and long-doc;
---variants times the experimental kernels of staircase_variants.py against the
-product kernel there, side by side on the same case, and checks their outputs).
+--variants times the kernel's two K/V paths, through the pool's slots and by TMA
+from a contiguous copy, and staircase_variants.py's tile order there, side by
+side on the same case, and checks their outputs). ``run tri`` is the kernel as
+the hook runs it: by TMA, copy included, where the longest encoder prefix is
+past staircase_kernel.TMA_MIN_KV.
 """
 
 from __future__ import annotations
@@ -205,6 +208,8 @@ def measure(name, make, sync):
     r["run_mask"] = kernel_seconds(lambda: run_custom_mask(case, w_mask))
     r["run_segments"] = kernel_seconds(lambda: run_staircase(case, w_seg, seg))
     r["run_triton"] = kernel_seconds(lambda: run_triton(case, w_tri))
+    r["run_triton_pool"] = kernel_seconds(lambda: staircase_kernel.staircase_prefill(
+        case.query, case.k_cache, case.v_cache, w_tri.kv_indices, w_tri.tiles, case.scale, tma=False))
     # Wall clock of one prefill with host launch, for prep + run
     r["wall_mask"] = median_seconds(lambda: run_custom_mask(case, w_mask), repeat=10, sync=sync)
     r["wall_triton"] = median_seconds(lambda: run_triton(case, w_tri), repeat=10, sync=sync)
@@ -213,14 +218,16 @@ def measure(name, make, sync):
         r["run_fa3_unmasked"] = kernel_seconds(lambda: w3.run(case.query, paged_cache(case)))
     except Exception as exc:  # the slimmed FlashInfer may lack the sm90 sources
         r["fa3_unavailable"] = f"{type(exc).__name__}: {str(exc)[:160]}"
-    # Gather K/V of the encoder into contiguous buffers first, then run on slots 0..n.
+    r["triton_tma"] = staircase_kernel.uses_tma(w_tri.tiles, case.query.device)
+    # Gather K/V of the encoder into contiguous buffers first, then run on slots 0..n
+    # through the pool path (contiguity without TMA).
     indices, _ = encoder_slots(case)
     if indices.numel():
         def gathered():
             k = case.k_cache[indices.long()]
             v = case.v_cache[indices.long()]
             return staircase_kernel.staircase_prefill(
-                case.query, k, v, contiguous, w_tri.tiles, case.scale)
+                case.query, k, v, contiguous, w_tri.tiles, case.scale, tma=False)
         contiguous = torch.arange(indices.numel(), dtype=torch.int32, device="cuda")
         r["run_triton_gathered_copy"] = kernel_seconds(gathered)
     if "--sweep" in sys.argv and name in ("video-64f", "long-doc"):
@@ -252,52 +259,43 @@ def _error(exc):
 
 
 def time_variants(case, wrapper):
-    """The product kernel and every variant of staircase_variants.py on this case, side by
-    side: at the product's launch configuration for the case and at 2 and 4 stages, each on
-    the hook's plan and on the plan grouped by request (tile_order_by_request). tma_contiguous
-    (and, to tell TMA from contiguity, the product kernel: product_on_copy) read a gathered
-    contiguous copy of the encoder K/V; the copy is timed with the kernel too (+copy). Two
-    rounds, the second in reverse order, so a drift of the clocks lands on every candidate;
-    each entry keeps both medians. Outputs are compared with the product kernel's first."""
+    """The product kernel's two paths and the tile order of staircase_variants.py on this
+    case, side by side: at the product's launch configuration for the case and at 2 and 4
+    stages, each on the hook's plan and on the plan grouped by request
+    (tile_order_by_request). ``pool``: K/V read through the pool's slots; ``pool_on_copy``:
+    the same on a gathered contiguous copy (contiguity alone); ``tma_on_copy``: full blocks
+    by TMA from that copy; ``tma+copy``: the copy made in the timed call, as the hook runs
+    it for long encoders. Two rounds, the second in reverse order, so a drift of the clocks
+    lands on every candidate; each entry keeps both medians. Outputs are compared with the
+    pool path's first."""
     q, k_pool, v_pool, scale = case.query, case.k_cache, case.v_cache, case.scale
     plan, kv_indices = wrapper.tiles, wrapper.kv_indices
-    base = staircase_kernel.config_for(plan)
+    base = staircase_kernel.DEFAULT_CONFIG if plan.max_kv > staircase_kernel.SHORT_KV \
+        else staircase_kernel.config_for(plan)
     configs = [base] + [(base[0], base[1], s) for s in (2, 4) if s != base[2]]
     plans = {"": plan, "+by_request": staircase_variants.plan_by_request(plan)}
     # The hook's kv_indices carry upstream's slack (256 unset entries) past the encoders.
-    gather = kv_indices[: int(case.encoder_lens.sum())].long()
+    gather = kv_indices[: plan.kv_tokens].long()
     k_copy, v_copy = k_pool[gather], v_pool[gather]  # request r's encoder at its kv_offset
     identity = torch.arange(gather.numel(), dtype=torch.int32, device=q.device)
     out = torch.empty_like(q)
     kernels = {
-        "product": lambda p, c: staircase_kernel.staircase_prefill(
-            q, k_pool, v_pool, kv_indices, p, scale, out=out, config=c),
-        "finite_init": lambda p, c: staircase_variants.finite_init(
-            q, k_pool, v_pool, kv_indices, p, scale, out=out, config=c),
-        "k_transposed": lambda p, c: staircase_variants.k_transposed(
-            q, k_pool, v_pool, kv_indices, p, scale, out=out, config=c),
-        "product_on_copy": lambda p, c: staircase_kernel.staircase_prefill(
-            q, k_copy, v_copy, identity, p, scale, out=out, config=c),
-        # Last (the one new to the hardware path: TMA): a fault there, which would end the
-        # CUDA context, comes after everything else has been checked.
-        "tma_contiguous": lambda p, c: staircase_variants.tma_contiguous(
-            q, k_copy, v_copy, None, p, scale, out=out, config=c),
+        "pool": lambda p, c: staircase_kernel.staircase_prefill(
+            q, k_pool, v_pool, kv_indices, p, scale, out=out, config=c, tma=False),
+        "pool_on_copy": lambda p, c: staircase_kernel.staircase_prefill(
+            q, k_copy, v_copy, identity, p, scale, out=out, config=c, tma=False),
+        "tma_on_copy": lambda p, c: staircase_kernel.staircase_prefill_contiguous(
+            q, k_copy, v_copy, p, scale, out=out, config=c),
+        "tma+copy": lambda p, c: staircase_kernel.staircase_prefill(
+            q, k_pool, v_pool, kv_indices, p, scale, out=out, config=c, tma=True),
     }
-
-    def with_copy(p, c):
-        k, v = k_pool[gather], v_pool[gather]
-        return staircase_variants.tma_contiguous(q, k, v, None, p, scale, out=out, config=c)
 
     entries = []  # (candidate, config, fn)
     for kernel_name, run in kernels.items():
         for plan_name, p in plans.items():
-            name = "tile_order_by_request" if (kernel_name, plan_name) == ("product", "+by_request") \
-                else kernel_name + plan_name
             for cfg in configs:
-                entries.append((name, cfg, lambda run=run, p=p, cfg=cfg: run(p, cfg)))
-    for plan_name, p in plans.items():
-        entries.append(("tma_contiguous+copy" + plan_name, base, lambda p=p: with_copy(p, base)))
-    reference = kernels["product"](plan, base).clone()
+                entries.append((kernel_name + plan_name, cfg, lambda run=run, p=p, cfg=cfg: run(p, cfg)))
+    reference = kernels["pool"](plan, base).clone()
     results: dict[str, dict] = {}
     for name, cfg, fn in entries:
         row = results.setdefault(name, {}).setdefault(_config_name(cfg), {})
@@ -325,7 +323,7 @@ def time_variants(case, wrapper):
     return {
         "base_config": _config_name(base), "configs": [_config_name(c) for c in configs],
         "copy_seconds": kernel_seconds(lambda: (k_pool[gather], v_pool[gather])),
-        "tensor_descriptors": staircase_variants.tensor_descriptor_available() or "available",
+        "tensor_descriptors": staircase_kernel.tma_unavailable(q.device) or "available",
         "entries": results,
     }
 
@@ -338,11 +336,11 @@ def print_variants(results):
         if not var:
             continue
         base, configs = var["base_config"], var["configs"]
-        product = var["entries"]["product"][base].get("seconds")
+        product = var["entries"]["pool"][base].get("seconds")
         print(f"\nvariants on {name} (copy {fmt_seconds(var['copy_seconds'])}; "
               f"tensor descriptors {var['tensor_descriptors']})")
-        print(f"(speed-up: the product kernel's time over the candidate's at {base}, > 1 is faster; "
-              f"max diff against the product kernel's output)")
+        print(f"(speed-up: the pool path's time over the candidate's at {base}, > 1 is faster; "
+              f"max diff against the pool path's output)")
         print(f"{'candidate':30} " + " ".join(f"{c:>11}" for c in configs)
               + f" {'speed-up':>9} {'max diff':>9} {'nan':>5}")
         for cand, rows in var["entries"].items():

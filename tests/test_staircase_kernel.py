@@ -7,8 +7,11 @@ rows, longest first; bad shapes are refused by name. The kernel (CPU,
 ``TRITON_INTERPRET=1``, in a subprocess because the interpreter is chosen when
 triton is imported) matches a float64 reference on random batches with cached
 prefixes, requests without encoder tokens and rows that see nothing (exactly
-0), writes every output element, and runs inside SGLang's real hooked
-``FlashInferAttnBackend.forward_extend`` after upstream wrote the encoder KV.
+0), writes every output element and reads no pool slot outside the batch's
+encoders, on both K/V paths (the pool's slots; TMA tensor descriptors over a
+gathered copy), and runs inside SGLang's real hooked
+``FlashInferAttnBackend.forward_extend`` after upstream wrote the encoder KV, on
+both paths. The TMA path is taken for long encoders on Hopper and newer only.
 The bf16 numerics and the speed are measured on the H200 (tests/gpu, docs/benchmarks.md).
 """
 
@@ -117,19 +120,63 @@ def interpreted():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_kernel_matches_the_reference_under_the_interpreter(interpreted):
-    k = interpreted["kernel"]
-    assert k["batches"] == 10
-    assert k["max_abs_err"] < 1e-5  # fp32 inputs and accumulation
+@pytest.mark.parametrize("path", ["kernel", "kernel_tma"])
+def test_kernel_matches_the_reference_under_the_interpreter(interpreted, path):
+    k = interpreted[path]
+    assert k["batches"] == 20  # 10 batches x 2 KV block widths
+    assert k["max_abs_err"] < 1e-5  # fp32 inputs and accumulation; NaN outside the encoders unread
     assert k["unwritten"] == 0
     assert k["nonzero_in_rows_that_see_nothing"] == 0
 
 
-def test_kernel_runs_in_sglangs_forward_extend(interpreted):
-    if "forward_extend" not in interpreted:
+@pytest.mark.parametrize("case", ["pool_n16", "tma_n16", "contiguous_with_gaps_n16", "pool_n32", "tma_n32",
+                                  "contiguous_with_gaps_n32"])
+def test_both_paths_on_a_hand_made_batch_with_block_edges(interpreted, case):
+    """Boundaries on and off the KV-block edges, a request that sees nothing, tiles starting
+    past whole blocks; NaN in every pool slot and copy row no row may see."""
+    row = interpreted["hand"][case]
+    assert row["not_finite"] == 0 and row["max_abs_err"] < 1e-5
+    assert row["nonzero_in_rows_that_see_nothing"] == 0
+
+
+@pytest.mark.parametrize("check, tma", [("forward_extend", False), ("forward_extend_tma", True)])
+def test_kernel_runs_in_sglangs_forward_extend(interpreted, check, tma):
+    if check not in interpreted:
         pytest.skip("SGLang is not installed here")
-    f = interpreted["forward_extend"]
+    f = interpreted[check]
+    assert f["tma"] is tma
     # fp16 inputs: the reference is float64 on the same fp16 values.
     assert f["max_abs_err"] < 5e-3 and not f["nan"]
     assert f["wrappers_restored"] and f["wrapper0_planned"] == 1
     assert f["mask_is_deferred"] and f["mask_bytes_allocated"] == 0
+
+
+def test_tma_is_taken_for_long_encoders_on_hopper_only(monkeypatch):
+    long = staircase_kernel.tile_plan(np.full(4, 2000), [4], [2000], 32)
+    short = staircase_kernel.tile_plan(np.full(4, 1000), [4], [1000], 32)
+    assert long.kv_tokens == 2000 and long.max_kv == 2000
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(staircase_kernel, "_tma_devices", {})
+    assert "CUDA GPU" in staircase_kernel.tma_unavailable("cpu")
+    assert not staircase_kernel.uses_tma(long, "cpu")
+    monkeypatch.setattr(staircase_kernel, "_tma_devices", {("cuda", 0): None, ("cuda", 1): "sm80"})
+    assert staircase_kernel.uses_tma(long, "cuda:0") and not staircase_kernel.uses_tma(short, "cuda:0")
+    assert not staircase_kernel.uses_tma(long, "cuda:1")
+    monkeypatch.setattr(staircase_kernel, "TMA_MIN_KV", 999)
+    assert staircase_kernel.uses_tma(short, "cuda:0")
+
+
+def test_tma_path_refuses_too_few_slots_and_unusable_devices(monkeypatch):
+    plan = staircase_kernel.tile_plan(np.array([3, 5]), [2], [5], 32)
+    q = torch.zeros(2, 4, 16)
+    kv = torch.zeros(8, 1, 16)
+    monkeypatch.setattr(staircase_kernel, "_tma_devices", {})
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TMA path cannot run here: TMA needs a CUDA GPU"):
+        staircase_kernel.staircase_prefill(q, kv, kv, torch.arange(5, dtype=torch.int32), plan, 1.0, tma=True)
+    monkeypatch.setattr(staircase_kernel, "_tma_devices", {"interpreter": None})
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="kv_indices has 4 entries but the plan's encoders hold 5"):
+        staircase_kernel.staircase_prefill(q, kv, kv, torch.arange(4, dtype=torch.int32), plan, 1.0, tma=True)
+    with pytest.raises(ValueError, match="K/V hold 4 tokens but the plan's encoders hold 5"):
+        staircase_kernel.staircase_prefill_contiguous(q, kv[:4], kv[:4], plan, 1.0)

@@ -3,7 +3,9 @@
 Contract (bf16, 32 query / 8 KV heads, head_dim 128, random batches with
 cached prefixes, requests without encoder tokens and rows that see nothing):
 all four paths agree with a float64 reference within bf16 tolerance and
-produce no NaN; rows that see nothing are exactly 0 on the staircase and
+produce no NaN; so does the staircase kernel through the hook's planner, on both
+of its K/V paths (the pool's slots; TMA from a gathered copy, which the hook takes
+for encoders past staircase_kernel.TMA_MIN_KV on Hopper); rows that see nothing are exactly 0 on the staircase and
 Ascend paths. The mask built on the GPU is byte-identical to the one built on
 the CPU and to SGLang's own builder where SGLang imports.
 """
@@ -99,16 +101,26 @@ def test_gpu_mask_bytes_equal_sglangs_builder():
             assert torch.equal(theirs, ours)
 
 
+@pytest.mark.parametrize("path", ["pool", "tma"])
 @pytest.mark.parametrize("seed", range(8))
-def test_triton_kernel_through_the_hooks_planner_agrees_with_the_reference(seed):
+def test_triton_kernel_through_the_hooks_planner_agrees_with_the_reference(seed, path, monkeypatch):
     """MOSS_VL_CROSS_ATTN_PLAN=triton: plan_tiles (the hook's planner, SGLang 0.5.17's
-    req_to_token line) + the kernel, on batches with cached prefixes, requests without
-    encoder tokens and rows that see nothing."""
+    req_to_token line) + the kernel as the hook's wrapper calls it, on batches with cached
+    prefixes, requests without encoder tokens and rows that see nothing; ``tma``: with
+    TMA_MIN_KV at 0, so these short encoders take the TMA path too."""
+    from moss_vl import staircase_kernel
+
+    if path == "tma":
+        if staircase_kernel.tma_unavailable(torch.device("cuda")):
+            pytest.skip(staircase_kernel.tma_unavailable(torch.device("cuda")))
+        monkeypatch.setattr(staircase_kernel, "TMA_MIN_KV", 0)
     spec, case = gpu_case(seed)
     ref = case.reference_cross()
     staircase = masks.build_staircase(mask_requests_of(spec), 2)
     out = torch.full_like(case.query, float("nan"))
     wrapper = plan_triton(case, staircase)
+    if path == "tma":
+        assert staircase_kernel.uses_tma(wrapper.tiles, case.query.device) == (wrapper.tiles.max_kv > 0)
     got = wrapper.forward(case.query, (case.k_cache, case.v_cache), causal=False,
                           sm_scale=case.scale, window_left=-1, logits_soft_cap=0.0)
     out.copy_(got)
@@ -138,10 +150,19 @@ def test_triton_kernel_on_long_staircases_with_block_edges():
     for name in ("query", "k_cache", "v_cache", "req_to_token", "mask"):
         setattr(case, name, getattr(case, name).cuda())
     staircase = masks.build_staircase(mask_requests_of(spec), 2)
-    out = run_triton(case, plan_triton(case, staircase))
+    wrapper = plan_triton(case, staircase)
+    out = run_triton(case, wrapper)
     sdpa = run_sdpa(case, case.mask)
     assert not torch.isnan(out).any()
     assert (out.float() - sdpa.float()).abs().max().item() < TOL
+    # Encoders up to 4,160 tokens: on Hopper this is the TMA path, as the hook takes it.
+    from moss_vl import staircase_kernel
+
+    tma = staircase_kernel.uses_tma(wrapper.tiles, case.query.device)
+    assert tma == (staircase_kernel.tma_unavailable(case.query.device) is None)
+    pool = staircase_kernel.staircase_prefill(
+        case.query, case.k_cache, case.v_cache, wrapper.kv_indices, wrapper.tiles, case.scale, tma=False)
+    assert (out.float() - pool.float()).abs().max().item() < TOL
 
 
 def test_translator_line_gives_the_same_slots():

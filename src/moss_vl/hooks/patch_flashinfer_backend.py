@@ -7,7 +7,9 @@ kernel fed the packed q x kv mask. The mask is a staircase (one
 - ``triton`` (default): moss_vl.staircase_kernel, whole query tiles over the
   encoder prefix the tile needs, each row's boundary applied inside the tile;
   the tile plan is made on the host from the builder's staircase. Wrapper 1 is
-  not planned; the cross-attention layers run the kernel in its place.
+  not planned; the cross-attention layers run the kernel in its place. Batches
+  whose longest encoder prefix is past ``staircase_kernel.TMA_MIN_KV`` read K/V
+  by TMA from a per-layer contiguous copy of their encoders, on Hopper and newer.
 - ``staircase``: a batch of unmasked FlashInfer segments, one per run of rows
   with equal ``visible_kv_len``.
 - ``mask``: upstream's custom-mask plan.
