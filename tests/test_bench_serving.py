@@ -181,6 +181,20 @@ def test_video_transcript_shares_the_clip_and_not_the_text(bench):
     assert "video-transcript" in bench.EXTRA_WORKLOADS
 
 
+def test_no_two_requests_of_a_run_share_their_text(bench):
+    """The seeds of every concurrency level of one run (1000 * c + i) and the warm-up's
+    (999_999 - i): text bodies and subtitles all distinct, so no request finds another's
+    prompt in the radix cache (only the template and, for video-transcript, the shared
+    clip before the first subtitle)."""
+    seeds = [1000 * c + i for c in (1, 8, 16) for i in range(3 * c if c > 1 else 6)]
+    seeds += [999_999 - i for i in range(16)]
+    bodies = [bench.messages_for("text", s)[0]["content"].split("\n")[0] for s in seeds]
+    assert len(set(bodies)) == len(seeds)
+    firsts = [bench.messages_for("video-transcript", s)[0]["content"][2]["text"] for s in seeds[:40]]
+    assert len(set(firsts)) == 40
+    assert bench.messages_for("text", 8001) == bench.messages_for("text", 8001)  # deterministic
+
+
 def test_video_720p_costs_what_docs_video_md_says(bench, tmp_path):
     """The 720p workload is 64 timestamped 1280x720 frames; through the full-size
     checkpoint's processor each is 44x80 patches (720 rounds to 704), so the request

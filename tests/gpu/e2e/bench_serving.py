@@ -83,6 +83,18 @@ def text(t):
     return {"type": "text", "text": t}
 
 
+def words(n: int, *key) -> str:
+    """``n`` words drawn from the whole of ``key`` (a request's seed, a frame): two
+    requests of a run never share them, so the radix cache finds no common prefix
+    past the prompt's template. (Until 2026-12-02 the words came from the seed
+    modulo 1000: the seeds 1000 * concurrency + i of the concurrency levels
+    collided, and half the text requests at 16 were cache hits of those at 8.)"""
+    import random
+
+    rng = random.Random(":".join(map(str, key)))
+    return " ".join(f"word{rng.randrange(1000)}" for _ in range(n))
+
+
 def messages_for(workload: str, seed: int) -> list[dict]:
     question = f"Request {seed}: describe what you see in detail, then summarise it."
     if workload == "single-image":
@@ -113,14 +125,11 @@ def messages_for(workload: str, seed: int) -> list[dict]:
         for frame in range(64):
             parts.append(text(f"<|time_start|>{frame * 0.5:.1f} seconds<|time_end|>"))
             parts.append(image(448, 448, 7_000_000 + frame))
-            words = (f"word{(seed * 7919 + frame * 131 + i) % 1000}"
-                     for i in range(TRANSCRIPT_WORDS_PER_FRAME))
-            parts.append(text(" ".join(words)))
+            parts.append(text(words(TRANSCRIPT_WORDS_PER_FRAME, seed, frame)))
         parts.append(text(question))
         return [{"role": "user", "content": parts}]
     if workload == "text":
-        body = " ".join(f"word{(seed * 7919 + i) % 1000}" for i in range(420))
-        return [{"role": "user", "content": body + "\n" + question}]
+        return [{"role": "user", "content": words(420, seed) + "\n" + question}]
     raise ValueError(workload)
 
 
