@@ -182,16 +182,24 @@ def test_video_transcript_shares_the_clip_and_not_the_text(bench):
 
 
 def test_no_two_requests_of_a_run_share_their_text(bench):
-    """The seeds of every concurrency level of one run (1000 * c + i) and the warm-up's
-    (999_999 - i): text bodies and subtitles all distinct, so no request finds another's
+    """The seeds of every workload and concurrency level of one run (first_seed) and the
+    warm-up's (999_999 - i): all distinct, text bodies and subtitles too, so no request finds another's
     prompt in the radix cache (only the template and, for video-transcript, the shared
     clip before the first subtitle)."""
-    seeds = [1000 * c + i for c in (1, 8, 16) for i in range(3 * c if c > 1 else 6)]
-    seeds += [999_999 - i for i in range(16)]
-    bodies = [bench.messages_for("text", s)[0]["content"].split("\n")[0] for s in seeds]
-    assert len(set(bodies)) == len(seeds)
-    firsts = [bench.messages_for("video-transcript", s)[0]["content"][2]["text"] for s in seeds[:40]]
+    def seeds(workload):
+        return [bench.first_seed(workload, c) + i for c in (1, 8, 16) for i in range(3 * c if c > 1 else 6)]
+
+    warm_up = [999_999 - i for i in range(16)]
+    text_seeds = seeds("text") + warm_up
+    bodies = [bench.messages_for("text", s)[0]["content"].split("\n")[0] for s in text_seeds]
+    assert len(set(bodies)) == len(text_seeds)
+    firsts = [bench.messages_for("video-transcript", s)[0]["content"][2]["text"]
+              for s in seeds("video-transcript")[:40]]
     assert len(set(firsts)) == 40
+    # mixed-decode's text and image halves are not the text and single-image workloads' requests
+    every = [seeds(w) for w in bench.WORKLOADS + bench.EXTRA_WORKLOADS]
+    flat = [s for ws in every for s in ws] + warm_up
+    assert len(set(flat)) == len(flat)
     assert bench.messages_for("text", 8001) == bench.messages_for("text", 8001)  # deterministic
 
 

@@ -57,6 +57,14 @@ TRANSCRIPT_WORDS_PER_FRAME = 16
 C1_REQUESTS = 6  # at least this many sequential requests at concurrency 1
 
 
+def first_seed(workload: str, concurrency: int) -> int:
+    """The first request seed of a workload at a concurrency level: a million apart per
+    workload, a thousand per level, so that no two requests of a run are the same prompt
+    (mixed-decode's text and image halves included) and the radix cache serves none of
+    them from another's."""
+    return 1_000_000 * (1 + (WORKLOADS + EXTRA_WORKLOADS).index(workload)) + 1000 * concurrency
+
+
 def image_uri(width: int, height: int, seed: int) -> str:
     import random
 
@@ -87,8 +95,9 @@ def words(n: int, *key) -> str:
     """``n`` words drawn from the whole of ``key`` (a request's seed, a frame): two
     requests of a run never share them, so the radix cache finds no common prefix
     past the prompt's template. (Until 2026-12-02 the words came from the seed
-    modulo 1000: the seeds 1000 * concurrency + i of the concurrency levels
-    collided, and half the text requests at 16 were cache hits of those at 8.)"""
+    modulo 1000 and every workload's seeds were 1000 * concurrency + i: the levels
+    collided, half the text requests at 16 were cache hits of those at 8, and
+    mixed-decode repeated the text and single-image workloads' prompts.)"""
     import random
 
     rng = random.Random(":".join(map(str, key)))
@@ -405,7 +414,7 @@ def main(argv=None) -> int:
                     continue
                 max_tokens = args.decode_tokens if workload == "mixed-decode" else args.max_tokens
                 before = stage_totals(client.metrics())
-                summary = run(client, workload, conc, args.rounds, max_tokens, seed0=1000 * conc,
+                summary = run(client, workload, conc, args.rounds, max_tokens, seed0=first_seed(workload, conc),
                               logprobs=args.logprobs)
                 summary["server_stages_ms"] = stage_means_ms(before, stage_totals(client.metrics()))
                 summary["variant"] = args.variant
