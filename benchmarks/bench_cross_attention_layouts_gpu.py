@@ -261,8 +261,7 @@ def _error(exc):
 def time_variants(case, wrapper):
     """The product kernel's two paths and the tile order of staircase_variants.py on this
     case, side by side: at the product's launch configuration for the case and at 2 and 4
-    stages, each on the hook's plan and on the plan grouped by request
-    (tile_order_by_request). ``pool``: K/V read through the pool's slots; ``pool_on_copy``:
+    stages, each on the hook's plan and on the plan grouped by request (plan_by_request). ``pool``: K/V read through the pool's slots; ``pool_on_copy``:
     the same on a gathered contiguous copy (contiguity alone); ``tma_on_copy``: full blocks
     by TMA from that copy; ``tma+copy``: the copy made in the timed call, as the hook runs
     it for long encoders. Two rounds, the second in reverse order, so a drift of the clocks
@@ -270,8 +269,7 @@ def time_variants(case, wrapper):
     pool path's first."""
     q, k_pool, v_pool, scale = case.query, case.k_cache, case.v_cache, case.scale
     plan, kv_indices = wrapper.tiles, wrapper.kv_indices
-    base = staircase_kernel.DEFAULT_CONFIG if plan.max_kv > staircase_kernel.SHORT_KV \
-        else staircase_kernel.config_for(plan)
+    base = staircase_kernel.config_for(plan)
     configs = [base] + [(base[0], base[1], s) for s in (2, 4) if s != base[2]]
     plans = {"": plan, "+by_request": staircase_variants.plan_by_request(plan)}
     # The hook's kv_indices carry upstream's slack (256 unset entries) past the encoders.

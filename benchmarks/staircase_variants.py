@@ -7,11 +7,10 @@ Nothing here is used by the product. What is left of the kernel experiments of
 and are gone; K/V by TMA from a contiguous copy (5.39 ms, 5.81 with the copy) is
 the product's ``tma`` path now. One question stays open:
 
-- ``tile_order_by_request``: the product kernel on a plan whose tiles are grouped
-  by request (each request's tiles largest first, requests by their largest
-  tile), so the programs running at once share their request's K/V in L2
-  (7.40 against 7.59 ms through the pool, 5.15 against 5.39 ms by TMA).
-  ``plan_by_request`` is the plan transformation.
+- ``plan_by_request``: the product's plan with its tiles grouped by request (each
+  request's tiles largest first, requests by their largest tile), so the programs
+  running at once share their request's K/V in L2 (7.40 against 7.59 ms through
+  the pool, 5.15 against 5.39 ms by TMA).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import torch
 from moss_vl import staircase_kernel
 from moss_vl.staircase_kernel import TilePlan
 
-__all__ = ["VARIANTS", "plan_by_request", "tile_order_by_request"]
+__all__ = ["plan_by_request"]
 
 # Column numbers of the packed per-tile plan (staircase_kernel's layout, shared).
 _KV_OFFSET = staircase_kernel._KV_OFFSET
@@ -57,13 +56,3 @@ def plan_by_request(plan: TilePlan) -> TilePlan:
     tiles_by_request = torch.from_numpy(np.ascontiguousarray(tiles[order])).to(plan.tiles.device)
     return dataclasses.replace(plan, tiles=tiles_by_request)
 
-
-def tile_order_by_request(q, k_cache, v_cache, kv_indices, plan, sm_scale, out=None, config=None, tma=None):
-    """The product kernel on ``plan_by_request(plan)`` (transforms the plan on every call: for
-    timing, transform once and call ``staircase_prefill`` with it)."""
-    return staircase_kernel.staircase_prefill(
-        q, k_cache, v_cache, kv_indices, plan_by_request(plan), sm_scale, out=out, config=config, tma=tma)
-
-
-# Name -> function with staircase_prefill's signature.
-VARIANTS = {"tile_order_by_request": tile_order_by_request}

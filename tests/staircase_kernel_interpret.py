@@ -60,6 +60,8 @@ def kernel_checks(tma):
         used = wrapper.kv_indices[: wrapper.tiles.kv_tokens].long()
         k_pool, v_pool = (torch.full_like(t, float("nan")) for t in (case.k_cache, case.v_cache))
         k_pool[used], v_pool[used] = case.k_cache[used], case.v_cache[used]
+        ref = case.reference_cross()
+        visible, _ = staircase.batch_rows(case.extend_seq_lens.tolist())
         for config in ((16, 4, 1), (32, 4, 1)):  # boundaries on and off two block widths
             out = torch.full_like(case.query, float("nan"))
             staircase_kernel.staircase_prefill(
@@ -67,9 +69,7 @@ def kernel_checks(tma):
                 out=out, config=config, tma=tma,
             )
             unwritten += int(torch.isnan(out).sum())
-            ref = case.reference_cross()
             worst = max(worst, (out.double() - ref).abs().max().item())
-            visible, _ = staircase.batch_rows(case.extend_seq_lens.tolist())
             zero_rows_nonzero += int(torch.count_nonzero(out[visible == 0]))
             batches += 1
     return {"batches": batches, "max_abs_err": worst, "unwritten": unwritten,

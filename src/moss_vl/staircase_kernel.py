@@ -318,6 +318,11 @@ def tma_unavailable(device) -> str | None:
     return _tma_devices[key]
 
 
+def _require_tma(device) -> None:
+    if why := tma_unavailable(device):
+        raise ValueError(f"the TMA path cannot run here: {why}")
+
+
 def uses_tma(plan: "TilePlan", device) -> bool:
     """Whether ``staircase_prefill`` takes the TMA path for this batch by default."""
     return plan.max_kv > TMA_MIN_KV and tma_unavailable(device) is None
@@ -406,18 +411,20 @@ def staircase_prefill(
     """
     if tma is None:
         tma = uses_tma(plan, q.device)
-    elif tma and (why := tma_unavailable(q.device)):
-        raise ValueError(f"the TMA path cannot run here: {why}")
-    if tma:
-        if kv_indices.numel() < plan.kv_tokens:
-            raise ValueError(
-                f"kv_indices has {kv_indices.numel()} entries but the plan's encoders hold {plan.kv_tokens}")
-        slots = kv_indices[: plan.kv_tokens].long()
-        num_kv_heads, head_dim = k_cache.shape[-2], k_cache.shape[-1]
-        k = k_cache.view(-1, num_kv_heads, head_dim)[slots]
-        v = v_cache.view(-1, num_kv_heads, head_dim)[slots]
-        return staircase_prefill_contiguous(q, k, v, plan, sm_scale, out=out, config=config)
-    return _launch(q, k_cache, v_cache, kv_indices, plan, sm_scale, out, config, tma=False)
+    elif tma:
+        _require_tma(q.device)
+    if not tma:
+        return _launch(q, k_cache, v_cache, kv_indices, plan, sm_scale, out, config, tma=False)
+    if kv_indices.numel() < plan.kv_tokens:
+        raise ValueError(
+            f"kv_indices has {kv_indices.numel()} entries but the plan's encoders hold {plan.kv_tokens}")
+    # The copy, request by request at the plan's offsets: index_select takes the int32
+    # slots as they are (no int64 copy of the indices per layer).
+    slots = kv_indices[: plan.kv_tokens]
+    num_kv_heads, head_dim = k_cache.shape[-2], k_cache.shape[-1]
+    k = torch.index_select(k_cache.view(-1, num_kv_heads, head_dim), 0, slots)
+    v = torch.index_select(v_cache.view(-1, num_kv_heads, head_dim), 0, slots)
+    return _launch(q, k, v, None, plan, sm_scale, out, config, tma=True)
 
 
 def staircase_prefill_contiguous(
@@ -432,8 +439,7 @@ def staircase_prefill_contiguous(
     """``staircase_prefill`` on K/V that are contiguous per request: k, v (tokens, Hkv, D)
     with request r's encoder at rows kv_offset.. of the plan (its tokens in order).
     Full KV blocks come by tensor descriptor (TMA), the staircase edge by masked loads."""
-    if tma_unavailable(q.device):
-        raise ValueError(f"the TMA path cannot run here: {tma_unavailable(q.device)}")
+    _require_tma(q.device)
     if not (k.is_contiguous() and v.is_contiguous()):
         raise ValueError("staircase_prefill_contiguous reads contiguous (tokens, Hkv, D) K/V")
     if k.shape[0] < plan.kv_tokens:
