@@ -134,6 +134,36 @@ def test_plugin_name_is_the_entry_point_name():
         assert preset.env["SGLANG_PLUGINS"] == presets.PLUGIN_NAME
 
 
+HEALTHCHECK = presets.WORKER_HEALTHCHECK_ENV
+
+
+@pytest.mark.parametrize(
+    "device, cpus, extra, expected",
+    [
+        ("cuda", 16, (), "120"),  # the preset's 8 workers
+        ("cuda", None, ("--tokenizer-worker-num", "4"), "120"),  # the operator's 4
+        ("cuda", 2, (), None),  # one worker: no uvicorn supervisor
+        ("cuda", 16, ("--tokenizer-worker-num", "1"), None),
+        ("npu", 16, (), None),
+    ],
+)
+def test_http_workers_get_a_health_check_longer_than_their_bootstrap(
+    model_dir, device, cpus, extra, expected
+):
+    command = build_command(ServeConfig(device=device, model_path=model_dir, extra_args=extra),
+                            visible=1, cpus=cpus, environ={})
+    assert command.env.get(HEALTHCHECK) == expected
+    if expected:
+        assert int(expected) == presets.WORKER_HEALTHCHECK_TIMEOUT_S > 30  # the H200's bootstrap
+
+
+def test_an_operators_worker_health_check_stands(model_dir):
+    config = ServeConfig(device="cuda", model_path=model_dir)
+    # Left out of the preset's env, so the server inherits the operator's value.
+    assert HEALTHCHECK not in build_command(config, cpus=16, environ={HEALTHCHECK: "30"}).env
+    assert build_command(config, cpus=16, environ={HEALTHCHECK: " "}).env[HEALTHCHECK] == "120"
+
+
 def test_operator_plugin_whitelist_is_kept(model_dir):
     config = ServeConfig(device="cuda", model_path=model_dir)
     assert build_command(config, environ={"SGLANG_PLUGINS": "none"}).env["SGLANG_PLUGINS"] == "none"

@@ -79,6 +79,18 @@ COMMON_FLAGS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # from: moss_vl.http_app loads the plugin first (its docstring says why).
 HTTP_APP_ENV = {"SGLANG_HTTP_SERVER_APP_PATH": "moss_vl.http_app:app"}
 
+# With more than one HTTP worker, SGLang runs uvicorn's supervisor, which pings every
+# worker and kills and respawns one that has not answered within this many seconds
+# (SGLang's default: 10). A spawned worker answers only once its bootstrap is done
+# (SGLang's imports, the plugin load): 28-31 s on the H200's host with 8 starting at
+# once, so 1-2 of the preset's 8 were killed and restarted on every start, /health
+# answered before they were back, and they took their first requests cold
+# (docs/e2e.md, run of 2026-12-02 14:28). 120 s is four times that bootstrap; a
+# worker whose pong thread is stuck that long is hung anyway. An operator's value
+# stands.
+WORKER_HEALTHCHECK_ENV = "SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT"
+WORKER_HEALTHCHECK_TIMEOUT_S = 120
+
 PRESETS: dict[str, Preset] = {
     "cuda": Preset(
         device="cuda",
@@ -670,6 +682,10 @@ def build_command(
             argv.extend(opt.values)
 
     env = dict(PRESETS[config.device].env)
+    if _int_value(by_flag, "--tokenizer-worker-num", 1) > 1 and not env_in.get(
+        WORKER_HEALTHCHECK_ENV, ""
+    ).strip():
+        env[WORKER_HEALTHCHECK_ENV] = str(WORKER_HEALTHCHECK_TIMEOUT_S)
     # An operator may narrow SGLang's plugin whitelist (e.g. to leave moss_vl
     # out for an A/B run); an empty value would mean "load every plugin".
     if env_in.get("SGLANG_PLUGINS", "").strip():
