@@ -261,10 +261,10 @@ def _error(exc):
 def time_variants(case, wrapper):
     """The product kernel's two paths and the tile order of staircase_variants.py on this
     case, side by side: at the product's launch configuration for the case and at 2 and 4
-    stages, each on the hook's plan and on the plan grouped by request (plan_by_request). ``pool``: K/V read through the pool's slots; ``pool_on_copy``:
-    the same on a gathered contiguous copy (contiguity alone); ``tma_on_copy``: full blocks
-    by TMA from that copy; ``tma+copy``: the copy made in the timed call, as the hook runs
-    it for long encoders. Two rounds, the second in reverse order, so a drift of the clocks
+    stages, each on the hook's plan and on the plan grouped by request (plan_by_request).
+    ``pool``: K/V read through the pool's slots; ``pool_on_copy``: the same on a gathered
+    contiguous copy (contiguity alone); ``tma_on_copy``: full blocks by TMA from that copy;
+    ``tma+copy``: the copy made in the timed call, as the hook runs it for long encoders. Two rounds, the second in reverse order, so a drift of the clocks
     lands on every candidate; each entry keeps both medians. Outputs are compared with the
     pool path's first."""
     q, k_pool, v_pool, scale = case.query, case.k_cache, case.v_cache, case.scale

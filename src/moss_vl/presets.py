@@ -83,7 +83,8 @@ HTTP_APP_ENV = {"SGLANG_HTTP_SERVER_APP_PATH": "moss_vl.http_app:app"}
 # worker and kills and respawns one that has not answered within this many seconds
 # (SGLang's default: 10). A spawned worker answers only once its bootstrap is done
 # (SGLang's imports, the plugin load): 28-31 s on the H200's host with 8 starting at
-# once, so 1-2 of the preset's 8 were killed and restarted on every start, /health
+# once, so 1-2 of the preset's 8 were killed and restarted at each full-scale start
+# (all 8 on a freshly started machine), /health
 # answered before they were back, and they took their first requests cold
 # (docs/e2e.md, run of 2026-12-02 14:28). 120 s is four times that bootstrap; a
 # worker whose pong thread is stuck that long is hung anyway. An operator's value
@@ -454,6 +455,11 @@ def _int_value(options: dict[str, _Option], flag: str, default: int) -> int:
         raise PresetError(flag, f"{raw!r} is not an integer") from None
 
 
+def _http_workers(options: dict[str, _Option]) -> int:
+    """SGLang's HTTP/tokenizer processes under these options (its default: one)."""
+    return _int_value(options, "--tokenizer-worker-num", 1)
+
+
 # The lines whose HTTP workers import SGLANG_HTTP_SERVER_APP_PATH (moss_vl.http_app),
 # where the plugin enforces the API key in every tokenizer worker.
 KEYED_WORKER_LINES = (sglang_versions.SGLANG_0_5_23,)
@@ -517,7 +523,7 @@ def _check_merged(
     # SGLang installs its API-key middleware only in single-tokenizer mode; with
     # more tokenizer workers the plugin installs it in each (hooks/patch_http_server),
     # which needs a line whose workers import moss_vl.http_app and the plugin loaded.
-    if keyed and _int_value(options, "--tokenizer-worker-num", 1) > 1:
+    if keyed and _http_workers(options) > 1:
         problem = _keyed_workers_problem(environ, sglang_version)
         if problem and preview and sglang_version is None:
             warnings.append(f"--tokenizer-worker-num with an API key: {problem}")
@@ -658,7 +664,7 @@ def build_command(
     }
     if secret_config and sglang_version is INSTALLED_SGLANG and (
         auto_tokenizer_workers(config.device, cpus) > 1
-        or _int_value({opt.flag: opt for opt in extra}, "--tokenizer-worker-num", 1) > 1
+        or _http_workers({opt.flag: opt for opt in extra}) > 1
     ):
         # Which SGLang runs matters only to a keyed server with more than one
         # worker; looked up once, for both checks below.
@@ -682,9 +688,7 @@ def build_command(
             argv.extend(opt.values)
 
     env = dict(PRESETS[config.device].env)
-    if _int_value(by_flag, "--tokenizer-worker-num", 1) > 1 and not env_in.get(
-        WORKER_HEALTHCHECK_ENV, ""
-    ).strip():
+    if _http_workers(by_flag) > 1 and not env_in.get(WORKER_HEALTHCHECK_ENV, "").strip():
         env[WORKER_HEALTHCHECK_ENV] = str(WORKER_HEALTHCHECK_TIMEOUT_S)
     # An operator may narrow SGLang's plugin whitelist (e.g. to leave moss_vl
     # out for an A/B run); an empty value would mean "load every plugin".

@@ -418,8 +418,8 @@ def staircase_prefill(
     if kv_indices.numel() < plan.kv_tokens:
         raise ValueError(
             f"kv_indices has {kv_indices.numel()} entries but the plan's encoders hold {plan.kv_tokens}")
-    # The copy, request by request at the plan's offsets: index_select takes the int32
-    # slots as they are (no int64 copy of the indices per layer).
+    # The copy holds each request's encoder at the plan's kv offsets (the slots are in
+    # plan order); index_select takes the int32 slots as they are (no int64 copy per layer).
     slots = kv_indices[: plan.kv_tokens]
     num_kv_heads, head_dim = k_cache.shape[-2], k_cache.shape[-1]
     k = torch.index_select(k_cache.view(-1, num_kv_heads, head_dim), 0, slots)

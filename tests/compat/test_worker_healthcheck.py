@@ -13,6 +13,7 @@ lines (Makefile: COMPAT_TESTS), with the uvicorn each installs.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -66,8 +67,6 @@ SERVER = textwrap.dedent('''
 
 def start(tmp_path, boot_s: float, check_s: int, wait_s: float = 20) -> str:
     """The supervisor's log until both workers are up or one was killed (or wait_s)."""
-    import os
-
     (tmp_path / "server.py").write_text(SERVER)
     log = tmp_path / f"check-{check_s}.log"
     with open(log, "w") as out:
