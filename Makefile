@@ -20,6 +20,11 @@ PYTEST_VERSION        := 9.2.0
 PYTEST_TIMEOUT_VERSION := 2.4.0
 
 VENV    := .venv
+# What each venv takes on disk (measured: 11 GB and 9.1 GB with torch's CUDA
+# wheels), checked before pip starts: an install that runs out of disk fails
+# minutes in with a bare ENOSPC.
+VENV_GB        := 12
+VENV_COMPAT_GB := 10
 VPY     := $(VENV)/bin/python
 VPIP    := $(VPY) -m pip
 TOOLS   := .tools
@@ -47,6 +52,7 @@ help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST) | sort
 
 $(STAMP): pyproject.toml
+	test -x $(VPY) || hack/check-free-space $(VENV_GB) "$(VENV)/ (SGLang $(SGLANG_VERSION), torch $(TORCH_VERSION))"
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPIP) install -q --upgrade "pip>=24"
 	# torch first and pinned: SGLang $(SGLANG_VERSION) needs this exact release.
@@ -58,6 +64,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP) ## Create .venv/ with moss-vl, SGLang $(SGLANG_VERSION) and the test tools
 
 $(COMPAT_STAMP): pyproject.toml
+	test -x $(VENV_COMPAT)/bin/python || hack/check-free-space $(VENV_COMPAT_GB) "$(VENV_COMPAT)/ (SGLang $(SGLANG))"
 	test -x $(VENV_COMPAT)/bin/python || $(PYTHON) -m venv $(VENV_COMPAT)
 	$(VENV_COMPAT)/bin/python -m pip install -q --upgrade "pip>=24"
 	$(VENV_COMPAT)/bin/python -m pip install -q $(COMPAT_TORCH) \
