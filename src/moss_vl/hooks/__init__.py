@@ -107,8 +107,10 @@ patch_key_redaction: SGLang's start-up log of its server arguments and ``/server
         ``ServerArgs.__repr__`` / ``TokenizerManager.resolved_config_dict``).
 
 patch_http_server: ``sglang.srt.entrypoints.http_server.init_multi_tokenizer`` (around, 0.5.23)
+``sglang.srt.entrypoints.http_server._setup_and_run_http_server`` (around)
     Why/How/Removal: in the module's own docstring (the API key enforced in
-        SGLang's HTTP workers, with ``moss_vl.http_app``).
+        SGLang's HTTP workers, with ``moss_vl.http_app``; SGLang's SIGQUIT
+        cleanup kept in force under uvicorn's multiprocess supervisor).
 
 patch_decode_cuda_graph_runner:
 ``...runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph`` (around)

@@ -1,7 +1,7 @@
-"""The API key in SGLang's HTTP workers (``--tokenizer-worker-num`` > 1, SGLang 0.5.23).
+"""SGLang's HTTP server with more than one tokenizer worker: the API key in its
+workers (SGLang 0.5.23) and its crash cleanup under uvicorn's supervisor (both lines).
 
-One concern, so one self-contained file (the ledger entry lives here;
-``hooks/__init__.py`` only lists it).
+The ledger entries live here; ``hooks/__init__.py`` only lists them.
 
 ``sglang.srt.entrypoints.http_server.init_multi_tokenizer`` (around)
     Why: with more than one tokenizer worker SGLang serves HTTP from uvicorn worker
@@ -27,6 +27,28 @@ One concern, so one self-contained file (the ledger entry lives here;
     Removal: when SGLang enforces the API key in multi-tokenizer mode.
     Upstream: no issue or PR found (searched 2026-12-02).
 
+``sglang.srt.entrypoints.http_server._setup_and_run_http_server`` (around)
+    Why: with more than one tokenizer worker the main process runs uvicorn's
+        multiprocess supervisor, which installs its own handler for SIGQUIT (among
+        ten signals) over SGLang's and only queues the signal, with nothing that
+        acts on it. SIGQUIT is how SGLang tears a failed server down: its
+        subprocess watchdog sends it when the scheduler or detokenizer dies, and
+        the handler kills the process tree. Swallowed, the main process and its
+        HTTP workers live on with no scheduler: /health, which the chart's probes
+        poll without generating, answers 200, the pod stays Ready and Live, and
+        every request waits forever. The CUDA preset runs 8 workers, so every
+        CUDA deployment of this chart is exposed; on the H200 a scheduler that
+        ended on a SIGTERM left its server up until the harness stopped it
+        (docs/e2e.md, 2026-12-02 call 6).
+    How: while SGLang runs its HTTP server, SIGQUIT is taken out of the table of
+        signals uvicorn's supervisor takes over (``uvicorn.supervisors.multiprocess
+        .SIGNALS``; uvicorn has no handler for it), so the handler SGLang installed
+        stays in force; the table is restored when the server returns. A uvicorn
+        without that table is left as it is, with a warning.
+    Removal: when SGLang keeps its SIGQUIT handler under the supervisor.
+    Upstream: sgl-project/sglang#39204 (open, 2026-09-12) does the same inside
+        SGLang.
+
 SGLang 0.5.17 hard-codes the workers' app path (``moss_vl.http_app`` is never
 imported there: the workers load the plugin through ``moss_vl.launch_server``, but
 their app has no middleware), so the hook is declared for 0.5.23 only and ``moss-vl serve``
@@ -36,8 +58,10 @@ keeps refusing a key with more than one tokenizer worker on 0.5.17.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from moss_vl.hooks import Hook
@@ -48,6 +72,7 @@ logger = logging.getLogger(__name__)
 # SGLang's name for the arguments a multi-tokenizer main process leaves its workers.
 WORKER_ARGS_SHM = "multi_tokenizer_args_{main_pid}"
 _TARGET = "sglang.srt.entrypoints.http_server.init_multi_tokenizer"
+_SERVE_TARGET = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
 
 # Set by install_worker_auth: the shared-memory name this worker's main process left
 # its arguments under, and those arguments (port args, server args, scheduler info),
@@ -121,6 +146,38 @@ def worker_init_with_key_enforced(original: Callable, *args, **kwargs):
     return init()
 
 
+@contextmanager
+def sigquit_left_to_sglang() -> Iterator[bool]:
+    """uvicorn's multiprocess supervisor, while this lasts, leaves SIGQUIT's handler
+    alone. Yields whether it could (False: a uvicorn without the signal table)."""
+    try:
+        from uvicorn.supervisors import multiprocess
+    except ImportError:  # no uvicorn: no supervisor to keep it from
+        yield True
+        return
+    table = getattr(multiprocess, "SIGNALS", None)
+    if not isinstance(table, dict):
+        logger.warning(
+            "moss_vl: uvicorn %s has no supervisor signal table (SIGNALS); with more than "
+            "one tokenizer worker SGLang's SIGQUIT cleanup may not run after a crash",
+            getattr(sys.modules.get("uvicorn"), "__version__", "?"),
+        )
+        yield False
+        return
+    taken = table.pop(signal.SIGQUIT, None)
+    try:
+        yield True
+    finally:
+        if taken is not None:
+            table[signal.SIGQUIT] = taken
+
+
+def serve_with_sigquit_cleanup(original: Callable, *args, **kwargs):
+    """Around ``_setup_and_run_http_server``: SGLang's server, its SIGQUIT handler kept."""
+    with sigquit_left_to_sglang():
+        return original(*args, **kwargs)
+
+
 TARGETS = [
     Hook(
         name="http_server.keyed_tokenizer_workers",
@@ -129,5 +186,15 @@ TARGETS = [
         func=worker_init_with_key_enforced,
         sglang_versions=(SGLANG_0_5_23,),
         signature=(),
+    ),
+    Hook(
+        name="http_server.sigquit_cleanup",
+        target=_SERVE_TARGET,
+        kind="around",
+        func=serve_with_sigquit_cleanup,
+        signature=(
+            "server_args", "tokenizer_manager", "template_manager", "port_args",
+            "scheduler_infos", "subprocess_watchdog", "execute_warmup_func", "launch_callback",
+        ),
     ),
 ]
