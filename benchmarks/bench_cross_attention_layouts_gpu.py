@@ -264,9 +264,10 @@ def time_variants(case, wrapper):
     stages, each on the hook's plan and on the plan grouped by request (plan_by_request).
     ``pool``: K/V read through the pool's slots; ``pool_on_copy``: the same on a gathered
     contiguous copy (contiguity alone); ``tma_on_copy``: full blocks by TMA from that copy;
-    ``tma+copy``: the copy made in the timed call, as the hook runs it for long encoders. Two rounds, the second in reverse order, so a drift of the clocks
-    lands on every candidate; each entry keeps both medians. Outputs are compared with the
-    pool path's first."""
+    ``tma+copy``: the copy made in the timed call, as the hook runs it for long encoders.
+    Two rounds, the second in reverse order, so a drift of the clocks lands on every
+    candidate; each entry keeps both medians. Outputs are compared with the pool path's
+    first."""
     q, k_pool, v_pool, scale = case.query, case.k_cache, case.v_cache, case.scale
     plan, kv_indices = wrapper.tiles, wrapper.kv_indices
     base = staircase_kernel.config_for(plan)

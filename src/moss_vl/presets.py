@@ -83,9 +83,8 @@ HTTP_APP_ENV = {"SGLANG_HTTP_SERVER_APP_PATH": "moss_vl.http_app:app"}
 # worker and kills and respawns one that has not answered within this many seconds
 # (SGLang's default: 10). A spawned worker answers only once its bootstrap is done
 # (SGLang's imports, the plugin load): 28-31 s on the H200's host with 8 starting at
-# once, so 1-2 of the preset's 8 were killed and restarted at each full-scale start
-# (all 8 on a freshly started machine), /health
-# answered before they were back, and they took their first requests cold
+# once, so 1-2 of the preset's 8 were killed and restarted at each full-scale start,
+# /health answered before they were back, and they took their first requests cold
 # (docs/e2e.md, run of 2026-12-02 14:28). 120 s is four times that bootstrap; a
 # worker whose pong thread is stuck that long is hung anyway. An operator's value
 # stands.

@@ -13,13 +13,16 @@ SubprocessWatchdog over a spawned stand-in scheduler, a SIGQUIT handler that cal
 its kill_process_tree (as its launch-phase handler does), and uvicorn.run with two
 workers (what ``_setup_and_run_http_server`` calls), run through the hook's body or
 directly. Run against both SGLang lines with the uvicorn each installs (Makefile:
-COMPAT_TESTS). SGLang's full server needs CUDA and cannot start here.
+COMPAT_TESTS). SGLang's full server needs CUDA and cannot start here. In the
+container the server is PID 1 (the image execs it), where the kernel ignores the
+SIGKILL SGLang's handler sends itself last; the hook's case runs there too.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -90,16 +93,36 @@ def answers(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def scheduler_dies(tmp_path: Path, hook: bool, wait_s: float = 15) -> tuple[bool, bool, str]:
-    """Start the server, kill its scheduler once both workers serve; then whether the
-    server exited and whether its port still answered, and its log."""
+def can_be_pid_1() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = ["unshare", "--pid", "--fork", "--mount-proc", "true"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+def child_with_ns_pid(parent: int, ns_pid: int) -> int:
+    """The host pid of ``parent``'s child that its own PID namespace calls ``ns_pid``."""
+    for child in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
+        status = Path(f"/proc/{child}/status").read_text()
+        if re.search(r"^NSpid:.*\s(\d+)$", status, re.M).group(1) == str(ns_pid):
+            return int(child)
+    raise AssertionError(f"no child of {parent} is pid {ns_pid} in its namespace")
+
+
+def scheduler_dies(tmp_path: Path, hook: bool, wait_s: float = 15,
+                   pid_1: bool = False) -> tuple[bool, bool, str]:
+    """Start the server (as PID 1 of a new PID namespace with ``pid_1``), kill its
+    scheduler once both workers serve; then whether the server exited and whether its
+    port still answered, and its log."""
     (tmp_path / "server.py").write_text(SERVER)
     port = free_port()
     log = tmp_path / f"hook-{int(hook)}.log"
     env = {**os.environ, "PORT": str(port), "HOOK": "1" if hook else "0",
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, str(tmp_path / "server.py")], stdout=out,
+        namespace = ["unshare", "--pid", "--fork", "--mount-proc"] if pid_1 else []
+        proc = subprocess.Popen([*namespace, sys.executable, str(tmp_path / "server.py")],
+                                stdout=out,
                                 stderr=subprocess.STDOUT, cwd=tmp_path, env=env,
                                 start_new_session=True)
     try:
@@ -108,6 +131,9 @@ def scheduler_dies(tmp_path: Path, hook: bool, wait_s: float = 15) -> tuple[bool
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
         scheduler = int(re.search(r"scheduler pid (\d+)", log.read_text()).group(1))
+        if pid_1:  # unshare's child is the server; the pid it printed is its namespace's
+            server = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+            scheduler = child_with_ns_pid(server, scheduler)
         # The signal the H200's scheduler ended on (docs/e2e.md, 2026-12-02 call 6).
         os.kill(scheduler, signal.SIGTERM)
         try:
@@ -133,14 +159,17 @@ def test_without_the_hook_uvicorn_swallows_sglangs_sigquit(tmp_path):
     assert "SGLang's SIGQUIT handler" not in log, log[-3000:]
 
 
-def test_with_the_hook_the_scheduler_s_death_takes_the_server_down(tmp_path):
-    exited, still_answers, log = scheduler_dies(tmp_path, hook=True)
+@pytest.mark.parametrize("pid_1", [False, True], ids=["child", "pid-1"])
+def test_with_the_hook_the_scheduler_s_death_takes_the_server_down(tmp_path, pid_1):
+    if pid_1 and not can_be_pid_1():
+        pytest.skip("a new PID namespace needs root and unshare")
+    exited, still_answers, log = scheduler_dies(tmp_path, hook=True, pid_1=pid_1)
     assert "crashed with exit code -15" in log, log[-3000:]
     assert "SGLang's SIGQUIT handler: killing the process tree" in log, log[-3000:]
     assert exited and not still_answers, log[-3000:]
 
 
-def test_the_supervisor_table_is_restored_after_the_server(monkeypatch):
+def test_the_supervisor_table_is_restored_after_the_server():
     from uvicorn.supervisors import multiprocess
 
     before = dict(multiprocess.SIGNALS)

@@ -33,13 +33,13 @@ The ledger entries live here; ``hooks/__init__.py`` only lists them.
         ten signals) over SGLang's and only queues the signal, with nothing that
         acts on it. SIGQUIT is how SGLang tears a failed server down: its
         subprocess watchdog sends it when the scheduler or detokenizer dies, and
-        the handler kills the process tree. Swallowed, the main process and its
-        HTTP workers live on with no scheduler: /health, which the chart's probes
-        poll without generating, answers 200, the pod stays Ready and Live, and
-        every request waits forever. The CUDA preset runs 8 workers, so every
-        CUDA deployment of this chart is exposed; on the H200 a scheduler that
-        ended on a SIGTERM left its server up until the harness stopped it
-        (docs/e2e.md, 2026-12-02 call 6).
+        the handler kills the process tree. Swallowed, the main process lives on
+        and its supervisor keeps HTTP workers up with no scheduler: on the H200
+        one such server replaced its workers 5 s after SGLang's "Triggering
+        SIGQUIT" and ran until the harness stopped it (docs/e2e.md, 2026-12-02
+        call 6). By SGLang's code, /health as the chart's probes poll it (no
+        generation) then answers 200 and the pod stays Ready and Live. The CUDA
+        preset runs 8 workers, so every CUDA deployment of this chart is exposed.
     How: while SGLang runs its HTTP server, SIGQUIT is taken out of the table of
         signals uvicorn's supervisor takes over (``uvicorn.supervisors.multiprocess
         .SIGNALS``; uvicorn has no handler for it), so the handler SGLang installed
@@ -150,11 +150,8 @@ def worker_init_with_key_enforced(original: Callable, *args, **kwargs):
 def sigquit_left_to_sglang() -> Iterator[bool]:
     """uvicorn's multiprocess supervisor, while this lasts, leaves SIGQUIT's handler
     alone. Yields whether it could (False: a uvicorn without the signal table)."""
-    try:
-        from uvicorn.supervisors import multiprocess
-    except ImportError:  # no uvicorn: no supervisor to keep it from
-        yield True
-        return
+    from uvicorn.supervisors import multiprocess  # SGLang's HTTP server imports uvicorn
+
     table = getattr(multiprocess, "SIGNALS", None)
     if not isinstance(table, dict):
         logger.warning(
